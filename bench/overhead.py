@@ -1,0 +1,88 @@
+"""Per-call cost of the decorator at each level, measured side by side in one run.
+
+    python bench/overhead.py [--calls 2000] [--repeats 7]
+
+Each row times the same kernel call (4x4096 and 4096 float32 CPU tensors, as in
+a decode step) undecorated, inside a bare OpenTelemetry span, and decorated at
+levels 0, 1, 3 and 5, with the text log to a file and/or spans to an SDK
+TracerProvider (recording, no exporter, so the cost is ours and the SDK's).
+Figures are medians over the repeats; ratios are against the bare call and the
+bare span of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from opentelemetry.sdk.trace import TracerProvider
+
+import sglang_otel_kernels as sok
+
+
+def kernel(x, weight, eps=1e-6):
+    return x
+
+
+def per_call_us(fn, args, kwargs, calls: int, repeats: int) -> float:
+    for _ in range(min(calls, 200)):
+        fn(*args, **kwargs)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per timed repeat")
+    parser.add_argument("--repeats", type=int, default=7, help="timed repeats; the median is reported")
+    options = parser.parse_args(argv)
+
+    torch.set_num_threads(1)
+    args = (torch.randn(4, 4096), torch.randn(4096))
+    kwargs = {"eps": 1e-5}
+    provider = TracerProvider()
+    tracer = provider.get_tracer("bench")
+    log_path = os.path.join(tempfile.mkdtemp(prefix="sok-bench-"), "kernels.log")
+
+    def in_bare_span(*a, **kw):
+        with tracer.start_as_current_span("kernel"):
+            return kernel(*a, **kw)
+
+    run = lambda fn: per_call_us(fn, args, kwargs, options.calls, options.repeats)  # noqa: E731
+    bare = run(kernel)
+    span = run(in_bare_span)
+    rows = [("bare call", "-", bare), ("bare OTel span", "-", span)]
+    modes = [
+        ("text file only", dict(log_dest=log_path, spans=False)),
+        ("spans only", dict(log_dest="off", spans=True)),
+        ("text file + spans", dict(log_dest=log_path, spans=True)),
+    ]
+    sok.configure(level=0)
+    rows.append(("level 0 (identity)", "0", run(sok.debug_kernel_api(kernel))))
+    for label, settings in modes:
+        for level in (1, 3, 5):
+            sok.configure(level=level, tracer_provider=provider, **settings)
+            rows.append((label, str(level), run(sok.debug_kernel_api(kernel))))
+            # Keep the log from growing across runs.
+            if os.path.exists(log_path):
+                os.truncate(log_path, 0)
+
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {options.calls} calls x {options.repeats} repeats")
+    print(f"{'mode':22s} {'level':>5s} {'us/call':>9s} {'overhead us':>12s} {'x bare call':>12s} {'x bare span':>12s}")
+    for label, level, us in rows:
+        print(f"{label:22s} {level:>5s} {us:9.2f} {us - bare:12.2f} {us / bare:12.1f} {us / span:12.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

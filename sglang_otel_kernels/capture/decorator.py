@@ -1,0 +1,279 @@
+"""`debug_kernel_api` and its two helpers, compatible with SGLang's.
+
+Everything that can be decided once (the name, the level, whether a leading
+self/cls is skipped) is decided when a function is decorated; a call then
+describes its arguments once and hands the description to the text log and to
+the span. Instrumentation never raises into the caller and never masks the
+kernel's own exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import sys
+from typing import Any, Callable, TypeVar, overload
+
+import torch
+
+from .. import config as _config
+from ..describe.statistics import fill_statistics
+from ..describe.values import describe, tensors_in
+from ..record import attributes as _attrs
+from ..record.spans import SpanRecorder
+from ..record.textlog import TextLog, call_header, exception_line, section_lines
+from .guards import is_compiling
+from .naming import infer_api_name, takes_self_first
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# SGLang's own marker, so functions it wrapped are not wrapped twice and back.
+WRAPPED_MARKER = "_debug_kernel_wrapped"
+
+
+class _Runtime:
+    """Where calls are recorded, rebuilt by `configure()`."""
+
+    def __init__(self, cfg: _config.KernelTraceConfig, previous: "_Runtime | None" = None) -> None:
+        if previous is not None:
+            previous.text.close()
+        self.text = TextLog(cfg.log_dest)
+        self.spans = SpanRecorder(cfg.tracer_provider) if cfg.spans else None
+
+
+_runtime = _Runtime(_config.get_config())
+_call_numbers = itertools.count(1)
+_warned: set = set()
+
+
+def _reconfigure(cfg: _config.KernelTraceConfig) -> None:
+    global _runtime
+    _runtime = _Runtime(cfg, _runtime)
+
+
+def _after_fork_in_child() -> None:
+    global _call_numbers
+    _call_numbers = itertools.count(1)
+    _runtime.text.after_fork_in_child()
+
+
+_config.on_change(_reconfigure)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _warn_once(what: str, exc: BaseException) -> None:
+    if what in _warned:
+        return
+    _warned.add(what)
+    print(
+        f"sglang_otel_kernels: {what} failed ({type(exc).__name__}: {exc}); "
+        "the kernel call goes on unrecorded in part",
+        file=sys.stderr,
+    )
+
+
+_POSITIONAL_NAMES = [(f"arg[{i}]", f"input.arg{i}") for i in range(64)]
+
+
+def _positional_names(index: int) -> tuple[str, str]:
+    if index < len(_POSITIONAL_NAMES):
+        return _POSITIONAL_NAMES[index]
+    return f"arg[{index}]", f"input.arg{index}"
+
+
+class _Call:
+    __slots__ = ("span", "token", "inputs_nonfinite")
+
+    def __init__(self, span, token, inputs_nonfinite: list) -> None:
+        self.span = span
+        self.token = token
+        self.inputs_nonfinite = inputs_nonfinite
+
+
+class KernelSite:
+    """One decorated function: its name and level, fixed at decoration time."""
+
+    __slots__ = ("name", "level", "skip_self", "with_args", "with_stats")
+
+    def __init__(self, func: Callable[..., Any], name: str, level: int) -> None:
+        self.name = name
+        self.level = level
+        self.skip_self = takes_self_first(func)
+        self.with_args = level >= 3
+        self.with_stats = level >= 5
+
+    def begin(self, args: tuple, kwargs: dict) -> _Call | None:
+        try:
+            return self._begin(args, kwargs)
+        except Exception as exc:
+            _warn_once(f"recording the inputs of {self.name}", exc)
+            return None
+
+    def _begin(self, args: tuple, kwargs: dict) -> _Call:
+        runtime = _runtime
+        seq = next(_call_numbers)
+        positional = args[1:] if self.skip_self and args else args
+        entries = ()
+        if self.with_args:
+            entries = [(*_positional_names(i), describe(value)) for i, value in enumerate(positional)]
+            entries += [(key, "input." + key, describe(value)) for key, value in kwargs.items()]
+            if self.with_stats:
+                fill_statistics(tensors_in([node for _, _, node in entries]))
+        if runtime.text.enabled:
+            lines = call_header(self.name)
+            if positional and self.with_args:
+                lines += section_lines(
+                    "Positional input arguments:", [(n, d) for n, _, d in entries[: len(positional)]], self.with_stats
+                )
+            if kwargs and self.with_args:
+                lines += section_lines(
+                    "Keyword input arguments:", [(n, d) for n, _, d in entries[len(positional):]], self.with_stats
+                )
+            runtime.text.write_lines(lines)
+        nonfinite: list = []
+        if runtime.spans is None:
+            return _Call(None, None, nonfinite)
+        attrs = {_attrs.NAME: self.name, _attrs.LEVEL: self.level, _attrs.SEQ: seq}
+        if self.with_stats:
+            # Placed first so that a long argument list never pushes them out.
+            attrs[_attrs.HAS_NAN] = attrs[_attrs.HAS_INF] = False
+            attrs[_attrs.NONFINITE] = ()
+        for _, path, node in entries:
+            _attrs.add_value(attrs, path, node, self.with_stats, nonfinite)
+        if nonfinite:
+            self._set_flags(attrs, nonfinite)
+        span, token = runtime.spans.start(self.name, attrs)
+        return _Call(span, token, nonfinite)
+
+    def _set_flags(self, attrs: dict, nonfinite: list) -> None:
+        attrs[_attrs.NONFINITE] = tuple(nonfinite)
+        attrs[_attrs.HAS_NAN] = any(attrs.get(_attrs.PREFIX + p + ".has_nan", False) for p in nonfinite)
+        attrs[_attrs.HAS_INF] = any(attrs.get(_attrs.PREFIX + p + ".has_inf", False) for p in nonfinite)
+
+    def finish(self, call: _Call | None, result: Any) -> None:
+        if call is None:
+            return
+        try:
+            if not self.with_args:
+                return
+            node = describe(result)
+            if self.with_stats:
+                fill_statistics(tensors_in([node]))
+            runtime = _runtime
+            if runtime.text.enabled:
+                runtime.text.write_lines(section_lines("Output:", [("return", node)], self.with_stats))
+            if call.span is not None and call.span.is_recording():
+                self._record_output(runtime, call, node)
+        except Exception as exc:
+            _warn_once(f"recording the result of {self.name}", exc)
+        finally:
+            if call.span is not None:
+                SpanRecorder.end(call.span, call.token)
+
+    def _record_output(self, runtime: _Runtime, call: _Call, node) -> None:
+        outputs_nonfinite: list = []
+        attrs: dict = {}
+        _attrs.add_value(attrs, "output", node, self.with_stats, outputs_nonfinite)
+        if outputs_nonfinite:
+            # Flags of inputs are already on the span: read them back there.
+            present = dict(call.span.attributes) if hasattr(call.span, "attributes") else {}
+            present.update(attrs)
+            self._set_flags(present, call.inputs_nonfinite + outputs_nonfinite)
+            for key in (_attrs.NONFINITE, _attrs.HAS_NAN, _attrs.HAS_INF):
+                attrs[key] = present[key]
+        runtime.spans.add(call.span, attrs)
+        if outputs_nonfinite and not call.inputs_nonfinite:
+            call.span.add_event("nonfinite_output", {_attrs.NONFINITE: tuple(outputs_nonfinite)})
+
+    def fail(self, call: _Call | None, exc: BaseException) -> None:
+        if call is None:
+            return
+        runtime = _runtime
+        try:
+            if isinstance(exc, Exception) and runtime.text.enabled:
+                # SGLang logs Exception subclasses only (not KeyboardInterrupt, SystemExit).
+                runtime.text.write_lines([exception_line(self.name, exc)])
+        except Exception as inner:
+            _warn_once(f"logging the exception of {self.name}", inner)
+        if call.span is None:
+            return
+        try:
+            SpanRecorder.fail(call.span, exc)
+        except Exception as inner:
+            _warn_once(f"recording the exception of {self.name}", inner)
+        finally:
+            SpanRecorder.end(call.span, call.token)
+
+
+def _wrap(func: F, name: str, level: int) -> F:
+    site = KernelSite(func, name, level)
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if is_compiling():
+            return func(*args, **kwargs)
+        call = site.begin(args, kwargs)
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as exc:
+            site.fail(call, exc)
+            raise
+        site.finish(call, result)
+        return result
+
+    setattr(wrapper, WRAPPED_MARKER, True)
+    return wrapper  # type: ignore[return-value]
+
+
+@overload
+def debug_kernel_api(func: F, *, op_name: str | None = None) -> F: ...
+
+
+@overload
+def debug_kernel_api(*, op_name: str | None = None) -> Callable[[F], F]: ...
+
+
+def debug_kernel_api(func: Callable[..., Any] | None = None, *, op_name: str | None = None) -> Any:
+    """Records each call of the decorated kernel entry point: SGLang's text log
+    and one OpenTelemetry span. At level 0 the function itself is returned."""
+    level = _config.get_config().level
+    if level == 0:
+        return (lambda f: f) if func is None else func
+
+    def decorate(f: F) -> F:
+        if hasattr(f, WRAPPED_MARKER):
+            return f
+        return _wrap(f, op_name or infer_api_name(f), level)
+
+    return decorate if func is None else decorate(func)
+
+
+def debug_torch_op(op_func: Callable[..., Any], op_name: str, *, namespace: str = "sglang") -> Callable[..., Any]:
+    """`torch.ops.<namespace>.<op_name>`, wrapped and named after `op_func` (the
+    Python function the op was registered from) when logging is on."""
+    op = getattr(getattr(torch.ops, namespace), op_name)
+    if _config.get_config().level == 0:
+        return op
+    if hasattr(op_func, WRAPPED_MARKER):
+        # Its Python side is already recorded: keep the op raw, and marked so
+        # that decorating it later is a no-op too.
+        setattr(op, WRAPPED_MARKER, True)
+        return op
+    return debug_kernel_api(op, op_name=infer_api_name(op_func))
+
+
+def wrap_method_with_debug_kernel_once(
+    obj: Any, method_name: str, *, op_name: str, marker_attr: str | None = None
+) -> Any:
+    """Replaces `obj.<method_name>` by its recorded version, once per object."""
+    if _config.get_config().level == 0:
+        return obj
+    marker = marker_attr or f"_debug_kernel_{method_name}_wrapped"
+    if getattr(obj, marker, False):
+        return obj
+    setattr(obj, method_name, debug_kernel_api(getattr(obj, method_name), op_name=op_name))
+    setattr(obj, marker, True)
+    return obj
+

@@ -1,0 +1,84 @@
+"""A tiny decode step with decorated kernels, one request of which carries an
+out-of-range token id (the SGLang tutorial's reproducer; on the CPU the
+embedding raises instead of a device-side assert). Prints SGLang's text log,
+then the spans as the back end would show them."""
+
+from __future__ import annotations
+
+import torch
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from . import configure, debug_kernel_api
+
+VOCAB, HIDDEN = 32, 8
+K = "sglang.kernel."
+
+
+def build_model():
+    """Kernels decorated now, after `configure`, as a serving engine's layers are at import."""
+
+    @debug_kernel_api(op_name="sglang.custom_op.embedding")
+    def embedding(token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(token_ids, table)
+
+    @debug_kernel_api(op_name="sglang.custom_op.rmsnorm")
+    def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    @debug_kernel_api(op_name="sglang.quant_method.UnquantizedLinearMethod.apply")
+    def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x @ weight.t()
+
+    generator = torch.Generator().manual_seed(0)
+    table = torch.randn(VOCAB, HIDDEN, generator=generator)
+    norm_weight = torch.ones(HIDDEN)
+    head = torch.randn(VOCAB, HIDDEN, generator=generator)
+
+    def decode_step(token_ids: torch.Tensor) -> torch.Tensor:
+        return linear(rmsnorm(embedding(token_ids, table), norm_weight, eps=1e-5), head)
+
+    return decode_step
+
+
+def _print_tree(spans) -> None:
+    children: dict = {}
+    for span in spans:
+        children.setdefault(span.parent.span_id if span.parent else None, []).append(span)
+
+    def show(span, depth: int) -> None:
+        status = "ERROR " + (span.status.description or "") if span.status.status_code is StatusCode.ERROR else "ok"
+        shape = span.attributes.get(K + "input.arg0.shape")
+        detail = f" arg0.shape={list(shape)}" if shape is not None else ""
+        print(f"  {'  ' * depth}{span.name}{detail}  [{status}]")
+        for child in sorted(children.get(span.context.span_id, []), key=lambda s: s.start_time):
+            show(child, depth + 1)
+
+    for root in sorted(children.get(None, []), key=lambda s: s.start_time):
+        show(root, 0)
+
+
+def run(level: int = 3) -> int:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    configure(level=level, log_dest="stdout", tracer_provider=provider)
+    decode_step = build_model()
+    tracer = provider.get_tracer("demo.server")
+    requests = {"req-0001": [1, 2, 3], "req-0002": [4, 5], "req-0003": [6, VOCAB + 7]}
+    failed = []
+    for rid, tokens in requests.items():
+        with tracer.start_as_current_span(f"Req {rid}", attributes={"request.id": rid}) as request:
+            try:
+                decode_step(torch.tensor(tokens))
+            except IndexError as exc:
+                request.set_status(StatusCode.ERROR, str(exc))
+                failed.append(rid)
+    print()
+    print(f"Spans recorded ({len(exporter.get_finished_spans())}):")
+    _print_tree(exporter.get_finished_spans())
+    print(f"\nFailed requests: {', '.join(failed) or 'none'}")
+    provider.shutdown()
+    return 0

@@ -1,0 +1,158 @@
+"""Turns a kernel's arguments and result into a small description tree.
+
+One walk serves both the SGLang text log and the span attributes, with
+SGLang's limits: two container levels deep, the first 4 items of a list or
+tuple, the first 8 of a dict. Describing never raises, never consumes an
+iterator and never calls anything on the value but `repr`, `len`, slicing and
+attribute reads, each guarded.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Union
+
+import torch
+
+from .tensors import TensorInfo, describe_tensor
+
+MAX_DEPTH = 2
+MAX_SEQUENCE_ITEMS = 4
+MAX_MAPPING_ITEMS = 8
+REPR_LIMIT = 200
+OBJECT_FIELDS = ("shape", "dtype", "device")
+
+_PRIMITIVES = (str, int, float, bool, type(None))
+
+
+class Scalar:
+    """A str, int, float, bool or None (or a subclass of one)."""
+
+    __slots__ = ("value", "text")
+
+    def __init__(self, value: Any, text: str) -> None:
+        self.value = value
+        self.text = text
+
+
+class Sequence:
+    __slots__ = ("is_list", "items", "more")
+
+    def __init__(self, is_list: bool, items: list, more: int) -> None:
+        self.is_list = is_list
+        self.items = items
+        self.more = more
+
+
+class Mapping:
+    """Items are (key repr, key as a path part, node)."""
+
+    __slots__ = ("items", "more")
+
+    def __init__(self, items: list, more: int) -> None:
+        self.items = items
+        self.more = more
+
+
+class Elided:
+    """A value past the depth limit, shown as `TypeName(...)`."""
+
+    __slots__ = ("type_name",)
+
+    def __init__(self, type_name: str) -> None:
+        self.type_name = type_name
+
+
+class Opaque:
+    """Any other object: the shape/dtype/device it has, else a cut repr."""
+
+    __slots__ = ("type_name", "fields", "repr")
+
+    def __init__(self, type_name: str, fields: list, repr_text: str | None) -> None:
+        self.type_name = type_name
+        self.fields = fields
+        self.repr = repr_text
+
+
+Node = Union[TensorInfo, Scalar, Sequence, Mapping, Elided, Opaque]
+
+
+def safe_repr(value: Any, limit: int | None = None) -> str:
+    try:
+        text = repr(value)
+        if not isinstance(text, str):
+            raise TypeError("__repr__ returned a non-string")
+    except Exception as exc:
+        return f"<{type(value).__name__} object, repr raised {type(exc).__name__}>"
+    return text if limit is None else text[:limit]
+
+
+def safe_str(value: Any) -> str:
+    try:
+        text = str(value)
+        if isinstance(text, str):
+            return text
+    except Exception:
+        pass
+    return f"<{type(value).__name__}, str() failed>"
+
+
+def describe(value: Any, depth: int = 0) -> Node:
+    try:
+        return _describe(value, depth)
+    except Exception:
+        return Opaque(type(value).__name__, [], safe_repr(value, REPR_LIMIT))
+
+
+def _describe(value: Any, depth: int) -> Node:
+    if depth >= MAX_DEPTH:
+        return Elided(type(value).__name__)
+    if isinstance(value, torch.Tensor):
+        return describe_tensor(value)
+    if isinstance(value, _PRIMITIVES):
+        return Scalar(value, safe_repr(value))
+    if isinstance(value, (list, tuple)):
+        count = len(value)
+        head = [describe(item, depth + 1) for item in value[:MAX_SEQUENCE_ITEMS]]
+        return Sequence(isinstance(value, list), head, count - len(head))
+    if isinstance(value, dict):
+        count = len(value)
+        head = [
+            (safe_repr(key), _path_part(key), describe(item, depth + 1))
+            for key, item in itertools.islice(value.items(), MAX_MAPPING_ITEMS)
+        ]
+        return Mapping(head, count - len(head))
+    return _describe_object(value)
+
+
+def _path_part(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    return safe_repr(key, REPR_LIMIT)
+
+
+def _describe_object(value: Any) -> Opaque:
+    fields = []
+    for name in OBJECT_FIELDS:
+        try:
+            fields.append((name, str(getattr(value, name))))
+        except Exception:
+            # Absent, or its access or str() raised: SGLang leaves it out too.
+            continue
+    repr_text = None if fields else safe_repr(value, REPR_LIMIT)
+    return Opaque(type(value).__name__, fields, repr_text)
+
+
+def tensors_in(nodes: list) -> list[TensorInfo]:
+    """Every tensor described in `nodes`, depth first, in argument order."""
+    found: list[TensorInfo] = []
+    stack = list(reversed(nodes))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, TensorInfo):
+            found.append(node)
+        elif isinstance(node, Sequence):
+            stack.extend(reversed(node.items))
+        elif isinstance(node, Mapping):
+            stack.extend(item for _, _, item in reversed(node.items))
+    return found

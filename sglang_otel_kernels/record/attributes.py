@@ -1,0 +1,129 @@
+"""Span attributes from described values (schema in README.md).
+
+A value at PATH (`input.arg0`, `input.<keyword>`, `output`, items extending
+the path) becomes `sglang.kernel.PATH` for a plain value, or
+`sglang.kernel.PATH.<field>` for each tensor field.
+"""
+
+from __future__ import annotations
+
+from ..describe.tensors import TensorInfo
+from ..describe.values import REPR_LIMIT, Elided, Mapping, Opaque, Scalar, Sequence
+
+PREFIX = "sglang.kernel."
+NAME = PREFIX + "name"
+LEVEL = PREFIX + "level"
+SEQ = PREFIX + "seq"
+HAS_NAN = PREFIX + "has_nan"
+HAS_INF = PREFIX + "has_inf"
+NONFINITE = PREFIX + "nonfinite"
+ATTRIBUTES_DROPPED = PREFIX + "attributes_dropped"
+
+_TENSOR_FIELDS = (
+    ".shape",
+    ".dtype",
+    ".device",
+    ".stride",
+    ".contiguous",
+    ".requires_grad",
+    ".min",
+    ".max",
+    ".mean",
+    ".nan_count",
+    ".inf_count",
+    ".has_nan",
+    ".has_inf",
+    ".stats",
+)
+_INT64 = (-(2**63), 2**63 - 1)
+_key_cache: dict[str, tuple[str, ...]] = {}
+_KEY_CACHE_LIMIT = 4096
+
+
+def _tensor_keys(path: str) -> tuple[str, ...]:
+    keys = _key_cache.get(path)
+    if keys is None:
+        base = PREFIX + path
+        keys = tuple(base + field for field in _TENSOR_FIELDS)
+        # Paths come from argument positions and names, so they repeat; dict
+        # keys could be anything, hence the bound.
+        if len(_key_cache) < _KEY_CACHE_LIMIT:
+            _key_cache[path] = keys
+    return keys
+
+
+def _text(text: str) -> str:
+    """Cut to REPR_LIMIT and made encodable: a lone surrogate would make the
+    OTLP exporter fail the whole batch it sits in."""
+    text = text[:REPR_LIMIT]
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _primitive(node: Scalar):
+    value = node.value
+    kind = type(value)
+    if kind is bool or kind is float:
+        return value
+    if kind is int:
+        # OTLP carries int64; a larger Python int would fail the export.
+        return value if _INT64[0] <= value <= _INT64[1] else _text(node.text)
+    if kind is str:
+        return _text(value)
+    return _text(node.text)
+
+
+def add_value(attrs: dict, path: str, node, with_stats: bool, nonfinite: list) -> None:
+    """Adds the attributes of `node` at `path`; tensors holding NaN/Inf append
+    their path to `nonfinite`."""
+    if isinstance(node, TensorInfo):
+        keys = _tensor_keys(path)
+        attrs[keys[0]] = node.shape
+        attrs[keys[1]] = node.dtype
+        attrs[keys[2]] = node.device
+        if node.stride is not None:
+            attrs[keys[3]] = node.stride
+        attrs[keys[4]] = node.contiguous
+        attrs[keys[5]] = node.requires_grad
+        if with_stats:
+            if node.stats is not None:
+                low, high, mean, nans, infs = node.stats
+                attrs[keys[6]] = low
+                attrs[keys[7]] = high
+                attrs[keys[8]] = mean
+                attrs[keys[9]] = nans
+                attrs[keys[10]] = infs
+                attrs[keys[11]] = nans > 0
+                attrs[keys[12]] = infs > 0
+                if nans or infs:
+                    nonfinite.append(path)
+            elif node.stats_note is not None:
+                attrs[keys[13]] = node.stats_note
+        return
+    key = PREFIX + path
+    if isinstance(node, Scalar):
+        attrs[key] = _primitive(node)
+    elif isinstance(node, Sequence):
+        attrs[key] = f"{'list' if node.is_list else 'tuple'}[{len(node.items) + node.more}]"
+        for index, item in enumerate(node.items):
+            add_value(attrs, f"{path}.{index}", item, with_stats, nonfinite)
+    elif isinstance(node, Mapping):
+        attrs[key] = f"dict[{len(node.items) + node.more}]"
+        for _, part, item in node.items:
+            add_value(attrs, f"{path}.{_text(part)}", item, with_stats, nonfinite)
+    elif isinstance(node, Elided):
+        attrs[key] = f"{node.type_name}(...)"
+    elif isinstance(node, Opaque):
+        if node.fields:
+            inner = ", ".join(f"{name}={text}" for name, text in node.fields)
+            attrs[key] = _text(f"{node.type_name}({inner})")
+        else:
+            attrs[key] = _text(node.repr or node.type_name)
+
+
+def fit(attrs: dict, room: int) -> tuple[dict, int]:
+    """Keeps the first `room` attributes (the call's identity comes first) and
+    says how many were left out, so the SDK never evicts one silently."""
+    if len(attrs) <= room:
+        return attrs, 0
+    kept = dict(list(attrs.items())[: max(room, 0)])
+    return kept, len(attrs) - len(kept)

@@ -1,0 +1,89 @@
+"""One OpenTelemetry span per kernel call, through the OpenTelemetry API.
+
+The span is a child of whatever span is current (the caller's request or
+batch), is made current itself while the kernel runs (so nested kernels nest),
+and is started with every input attribute already set.
+"""
+
+from __future__ import annotations
+
+from opentelemetry import context as context_api
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from .._version import __version__
+from ..describe.values import safe_str
+from .attributes import ATTRIBUTES_DROPPED, fit
+
+TRACER_NAME = "sglang_otel_kernels"
+
+
+def _attribute_limit(tracer) -> int | None:
+    """The per-span attribute limit the SDK will enforce, or None if unlimited.
+
+    The SDK keeps it on the tracer; a proxy tracer (no provider installed yet)
+    falls back to the limit the standard OTEL_* variables give."""
+    limits = getattr(tracer, "_span_limits", None)
+    if limits is None:
+        try:
+            from opentelemetry.sdk.trace import SpanLimits
+        except ImportError:
+            return None
+        limits = SpanLimits()
+    limit = getattr(limits, "max_span_attributes", None)
+    return limit if isinstance(limit, int) and limit >= 0 else None
+
+
+def describe_exception(exc: BaseException) -> str:
+    message = safe_str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+class SpanRecorder:
+    def __init__(self, tracer_provider=None) -> None:
+        if tracer_provider is None:
+            self.tracer = trace.get_tracer(TRACER_NAME, __version__)
+        else:
+            self.tracer = tracer_provider.get_tracer(TRACER_NAME, __version__)
+        limit = _attribute_limit(self.tracer)
+        self.limit = limit
+        # Room left at the start for the result's attributes and the drop count.
+        self.start_room = None if limit is None else max(limit - min(32, limit // 4) - 1, 3)
+
+    def start(self, name: str, attrs: dict):
+        """Starts the span, makes it current, returns (span, context token)."""
+        dropped = 0
+        if self.start_room is not None:
+            attrs, dropped = fit(attrs, self.start_room)
+            if dropped:
+                attrs[ATTRIBUTES_DROPPED] = dropped
+        span = self.tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
+        token = context_api.attach(trace.set_span_in_context(span))
+        return span, token
+
+    def add(self, span, attrs: dict) -> None:
+        """Sets more attributes, within what the span has room for."""
+        if not attrs or not span.is_recording():
+            return
+        present = getattr(span, "attributes", None)
+        if self.limit is not None and present is not None:
+            new = {key: value for key, value in attrs.items() if key not in present}
+            room = self.limit - len(present) - 1
+            if len(new) > room:
+                already = present.get(ATTRIBUTES_DROPPED, 0)
+                kept, dropped = fit(new, room)
+                attrs = {key: value for key, value in attrs.items() if key in present or key in kept}
+                attrs[ATTRIBUTES_DROPPED] = already + dropped
+        span.set_attributes(attrs)
+
+    @staticmethod
+    def fail(span, exc: BaseException) -> None:
+        span.set_status(Status(StatusCode.ERROR, describe_exception(exc)))
+        span.record_exception(exc, escaped=True)
+
+    @staticmethod
+    def end(span, token) -> None:
+        try:
+            span.end()
+        finally:
+            context_api.detach(token)

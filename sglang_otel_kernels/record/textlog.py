@@ -1,0 +1,182 @@
+"""SGLang's kernel API text log: the same lines, written cheaply.
+
+Each side of a call (before: header and inputs; after: output or exception)
+is rendered to one string and handed to the OS in one write, so the lines
+written before a kernel runs are out of the process even if it dies inside
+the kernel, and lines of concurrent calls never interleave.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Iterable
+
+from ..config import LOG_DEST_OFF
+from ..describe.tensors import TensorInfo
+from ..describe.values import Elided, Mapping, Opaque, Scalar, Sequence, safe_str
+
+SEPARATOR = "=" * 80
+_ITEM_INDENT = " " * 6
+_ENTRY_INDENT = " " * 4
+
+
+def _tensor_lines(info: TensorInfo, with_stats: bool) -> list[str]:
+    lines = [
+        "Tensor(",
+        f"  shape={info.shape}",
+        f"  dtype={info.dtype}",
+        f"  device={info.device}",
+        f"  requires_grad={info.requires_grad}",
+        f"  is_contiguous={info.contiguous}",
+    ]
+    if with_stats:
+        if info.stats is not None:
+            low, high, mean, nans, infs = info.stats
+            lines += [
+                f"  min={low:.6f}",
+                f"  max={high:.6f}",
+                f"  mean={mean:.6f}",
+                f"  nan_count={nans}",
+                f"  inf_count={infs}",
+            ]
+        elif info.stats_note is not None:
+            lines.append(f"  statistics=[{info.stats_note}]")
+    lines.append(")")
+    return lines
+
+
+def _nested(lines: list[str], label: str, item_lines: list[str]) -> None:
+    lines.append(f"  {label} {item_lines[0]}")
+    lines.extend(_ITEM_INDENT + extra for extra in item_lines[1:])
+
+
+def node_lines(node, with_stats: bool) -> list[str]:
+    """A described value as SGLang renders it, a list of lines."""
+    if isinstance(node, TensorInfo):
+        return _tensor_lines(node, with_stats)
+    if isinstance(node, Scalar):
+        return [node.text]
+    if isinstance(node, Sequence):
+        lines = ["[" if node.is_list else "("]
+        for index, item in enumerate(node.items):
+            _nested(lines, f"[{index}]", node_lines(item, with_stats))
+        if node.more > 0:
+            lines.append(f"  ... ({node.more} more items)")
+        lines.append("]" if node.is_list else ")")
+        return lines
+    if isinstance(node, Mapping):
+        lines = ["{"]
+        for key_repr, _, item in node.items:
+            _nested(lines, f"{key_repr}:", node_lines(item, with_stats))
+        if node.more > 0:
+            lines.append(f"  ... ({node.more} more items)")
+        lines.append("}")
+        return lines
+    if isinstance(node, Elided):
+        return [f"{node.type_name}(...)"]
+    if isinstance(node, Opaque):
+        lines = [f"{node.type_name}("]
+        lines += [f"  {name}={text}" for name, text in node.fields]
+        if node.repr is not None:
+            lines.append(f"  repr={node.repr}")
+        lines.append(")")
+        return lines
+    raise TypeError(f"not a description node: {type(node).__name__}")
+
+
+def section_lines(title: str, entries: Iterable[tuple[str, object]], with_stats: bool) -> list[str]:
+    lines = [title]
+    for name, node in entries:
+        value_lines = node_lines(node, with_stats)
+        lines.append(f"  {name}={value_lines[0]}")
+        lines.extend(_ENTRY_INDENT + extra for extra in value_lines[1:])
+    return lines
+
+
+_stamp_second = -1
+_stamp_text = ""
+
+
+def timestamp() -> str:
+    """`[YYYY-MM-DD HH:MM:SS]` in local time, formatted once per second."""
+    global _stamp_second, _stamp_text
+    now = int(time.time())
+    if now != _stamp_second:
+        _stamp_text = time.strftime("[%Y-%m-%d %H:%M:%S]", time.localtime(now))
+        _stamp_second = now
+    return _stamp_text
+
+
+def call_header(name: str) -> list[str]:
+    return [SEPARATOR, f"{timestamp()} SGLang Kernel API Call: {name}"]
+
+
+def exception_line(name: str, exc: BaseException) -> str:
+    return f"{timestamp()} SGLang Kernel API Exception: {name} ({type(exc).__name__}: {safe_str(exc)})"
+
+
+class TextLog:
+    """The destination of the text log: stdout, stderr, or a file opened on the
+    first write (append, `%i` replaced by the pid then, reopened after fork)."""
+
+    def __init__(self, dest: str) -> None:
+        self.dest = dest
+        self.enabled = dest != LOG_DEST_OFF
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def after_fork_in_child(self) -> None:
+        # The child gets its own file when the path holds %i; it must not
+        # close the parent's descriptor number under someone else's feet.
+        self._fd = None
+        self._lock = threading.Lock()
+
+    def path(self) -> str:
+        return self.dest.replace("%i", str(os.getpid()))
+
+    def write_lines(self, lines: list[str]) -> None:
+        if not self.enabled:
+            return
+        text = "\n".join(lines) + "\n"
+        try:
+            with self._lock:
+                if self.dest == "stdout":
+                    _write_stream(sys.stdout, text)
+                elif self.dest == "stderr":
+                    _write_stream(sys.stderr, text)
+                else:
+                    if self._fd is None:
+                        self._fd = os.open(self.path(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                    _write_all(self._fd, text.encode("utf-8", "backslashreplace"))
+        except Exception as exc:
+            self.enabled = False
+            print(
+                f"sglang_otel_kernels: text log to {self.dest!r} failed ({type(exc).__name__}: {exc}); "
+                "text log turned off, spans go on",
+                file=sys.stderr,
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _write_stream(stream, text: str) -> None:
+    if stream is None:
+        return
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        stream.write(text.encode("ascii", "backslashreplace").decode("ascii"))
+    stream.flush()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

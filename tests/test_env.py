@@ -1,0 +1,90 @@
+"""SGLang's variables, read once at import; OTEL_SDK_DISABLED turns spans off."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import strip_timestamps
+
+SPAN_COUNTER = (
+    "from opentelemetry import trace\n"
+    "from opentelemetry.sdk.trace import TracerProvider\n"
+    "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+    "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
+    "exporter = InMemorySpanExporter()\n"
+    "provider = TracerProvider(); provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+    "trace.set_tracer_provider(provider)\n"
+    "import sglang_otel_kernels as s\n"
+    "k = s.debug_kernel_api(op_name='k')(lambda x: x)\n"
+    "k(1)\n"
+    "print('spans', len(exporter.get_finished_spans()), 'level', s.get_config().level)\n"
+)
+
+
+def run(env_extra, script=SPAN_COUNTER):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_level_and_stdout_from_environment():
+    out = run({"SGLANG_KERNEL_API_LOGLEVEL": "3"})
+    assert out.returncode == 0, out.stderr
+    lines = strip_timestamps(out.stdout).splitlines()
+    assert lines == [
+        "=" * 80,
+        "[TS] SGLang Kernel API Call: k",
+        "Positional input arguments:",
+        "  arg[0]=1",
+        "Output:",
+        "  return=1",
+        "spans 1 level 3",
+    ]
+
+
+def test_unparsable_level_warns_and_uses_zero():
+    out = run({"SGLANG_KERNEL_API_LOGLEVEL": "verbose"})
+    assert out.returncode == 0, out.stderr
+    assert "SGLANG_KERNEL_API_LOGLEVEL='verbose'" in out.stderr
+    assert out.stdout == "spans 0 level 0\n"
+
+
+def test_logdest_off_keeps_spans_without_text():
+    out = run({"SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_LOGDEST": "off"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "spans 1 level 1\n"
+
+
+@pytest.mark.parametrize("value", ["true", "TRUE"])
+def test_otel_sdk_disabled_skips_spans_keeps_text(value):
+    out = run({"SGLANG_KERNEL_API_LOGLEVEL": "1", "OTEL_SDK_DISABLED": value})
+    assert out.returncode == 0, out.stderr
+    assert strip_timestamps(out.stdout).splitlines() == [
+        "=" * 80,
+        "[TS] SGLang Kernel API Call: k",
+        "spans 0 level 1",
+    ]
+
+
+def test_level_10_behaves_as_5_for_now():
+    script = (
+        "import torch, sglang_otel_kernels as s\n"
+        "s.debug_kernel_api(op_name='k')(lambda x: x)(torch.ones(2))\n"
+    )
+    out = run({"SGLANG_KERNEL_API_LOGLEVEL": "10"}, script)
+    assert out.returncode == 0, out.stderr
+    assert "      min=1.000000" in out.stdout
+    assert "Dumped" not in out.stdout
+
+
+def test_configure_rejects_bad_values():
+    import sglang_otel_kernels as sok
+
+    for bad in (-1, "3", 2.0, True):
+        with pytest.raises(ValueError):
+            sok.configure(level=bad)
+    for bad in ("", "   ", 5):
+        with pytest.raises(ValueError):
+            sok.configure(log_dest=bad)

@@ -1,0 +1,54 @@
+"""Level 0 costs nothing: the very objects come back."""
+
+import os
+import subprocess
+import sys
+
+import torch
+
+import sglang_otel_kernels as sok
+
+
+def kernel(x):
+    return x
+
+
+def test_bare_decorator_returns_the_function():
+    sok.configure(level=0)
+    assert sok.debug_kernel_api(kernel) is kernel
+
+
+def test_decorator_factory_returns_the_function():
+    sok.configure(level=0)
+    assert sok.debug_kernel_api(op_name="x")(kernel) is kernel
+
+
+def test_debug_torch_op_returns_the_raw_op():
+    sok.configure(level=0)
+    assert sok.debug_torch_op(kernel, "relu", namespace="aten") is torch.ops.aten.relu
+
+
+def test_wrap_method_leaves_the_object_alone():
+    class Method:
+        def apply(self, x):
+            return x
+
+    sok.configure(level=0)
+    obj = Method()
+    assert sok.wrap_method_with_debug_kernel_once(obj, "apply", op_name="m") is obj
+    assert "apply" not in vars(obj)
+    assert not hasattr(obj, "_debug_kernel_apply_wrapped")
+
+
+def test_default_level_is_zero_in_a_fresh_process():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_KERNEL_API")}
+    script = (
+        "import sglang_otel_kernels as s\n"
+        "def f(): pass\n"
+        "assert s.get_config().level == 0\n"
+        "assert s.debug_kernel_api(f) is f\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "ok\n"

@@ -1,0 +1,125 @@
+"""Level-5 statistics across dtypes, layouts and devices, on real spans."""
+
+import pytest
+import torch
+
+import sglang_otel_kernels as sok
+
+K = "sglang.kernel."
+
+
+def stats_of(record, tensor):
+    exporter = record(level=5)
+    sok.debug_kernel_api(op_name="k")(lambda x: None)(tensor)
+    (span,) = exporter.get_finished_spans()
+    exporter.clear()
+    a = span.attributes
+    fields = ("min", "max", "mean", "nan_count", "inf_count", "has_nan", "has_inf", "stats")
+    return {f: a[K + "input.arg0." + f] for f in fields if K + "input.arg0." + f in a}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.float32])
+def test_floating_dtypes(record, dtype):
+    s = stats_of(record, torch.tensor([[-1.5, 2.0], [0.5, 3.0]], dtype=dtype))
+    assert s == {"min": -1.5, "max": 3.0, "mean": 1.0, "nan_count": 0, "inf_count": 0,
+                 "has_nan": False, "has_inf": False}
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8(record, dtype):
+    s = stats_of(record, torch.tensor([-2.0, 0.5, 4.0]).to(dtype))
+    assert (s["min"], s["max"], s["mean"]) == (-2.0, 4.0, pytest.approx(2.5 / 3))
+    assert s["nan_count"] == 0
+
+
+def test_float16_nan_and_inf_counted(record):
+    s = stats_of(record, torch.tensor([1.0, float("nan"), float("inf"), float("-inf"), float("nan")], dtype=torch.float16))
+    assert (s["nan_count"], s["inf_count"], s["has_nan"], s["has_inf"]) == (2, 2, True, True)
+
+
+def test_inf_only_is_found_through_the_bounds(record):
+    s = stats_of(record, torch.tensor([1.0, float("-inf"), 3.0]))
+    assert (s["min"], s["nan_count"], s["inf_count"], s["has_nan"], s["has_inf"]) == (float("-inf"), 0, 1, False, True)
+
+
+def test_integer_and_bool(record):
+    s = stats_of(record, torch.tensor([3, -7, 10], dtype=torch.int32))
+    assert (s["min"], s["max"], s["mean"], s["nan_count"]) == (-7.0, 10.0, 2.0, 0)
+    s = stats_of(record, torch.tensor([True, False, True, True]))
+    assert (s["min"], s["max"], s["mean"]) == (0.0, 1.0, 0.75)
+
+
+def test_complex_uses_magnitude_and_counts_nan(record):
+    s = stats_of(record, torch.tensor([3 + 4j, 0j, complex(float("nan"), 1.0)]))
+    assert (s["nan_count"], s["inf_count"], s["has_nan"]) == (1, 0, True)
+    s = stats_of(record, torch.tensor([3 + 4j, 1j]))
+    assert (s["min"], s["max"], s["mean"]) == (1.0, 5.0, 3.0)
+
+
+def test_non_contiguous_and_expanded(record):
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    s = stats_of(record, base.t()[1:])
+    assert (s["min"], s["max"]) == (1.0, 11.0)
+    s = stats_of(record, torch.tensor([2.0]).expand(1000))
+    assert (s["min"], s["max"], s["mean"]) == (2.0, 2.0, 2.0)
+
+
+@pytest.mark.parametrize(
+    "tensor, note",
+    [
+        (torch.empty(0, 3), "empty tensor"),
+        (torch.empty(4, device="meta"), "skipped: meta tensor"),
+        (torch.eye(3).to_sparse(), "skipped: sparse_coo layout"),
+    ],
+)
+def test_skipped_statistics_say_why(record, tensor, note):
+    assert stats_of(record, tensor) == {"stats": note}
+
+
+def test_tensor_subclass_and_parameter(record):
+    class Tagged(torch.Tensor):
+        pass
+
+    s = stats_of(record, torch.tensor([1.0, 5.0]).as_subclass(Tagged))
+    assert (s["min"], s["max"]) == (1.0, 5.0)
+    param = torch.nn.Parameter(torch.tensor([1.0, 3.0]))
+    s = stats_of(record, param)
+    assert s["mean"] == 2.0
+    assert param.grad is None and param.requires_grad
+
+
+def test_failing_statistics_are_a_note_not_an_error(record):
+    class Broken(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.aminmax:
+                raise RuntimeError("device lost")
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    assert stats_of(record, torch.ones(2).as_subclass(Broken)) == {"stats": "unavailable: RuntimeError"}
+
+
+def test_statistics_build_no_autograd_graph(record):
+    exporter = record(level=5)
+    x = torch.ones(3, requires_grad=True)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda t: t * 2)
+    y = kernel(x)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+    assert exporter.get_finished_spans()[0].attributes[K + "output.requires_grad"] is True
+
+
+def test_gpu_style_transfer_path_on_cpu_scalars():
+    """The one-transfer path used for accelerators, exercised with CPU scalars."""
+    from sglang_otel_kernels.describe import statistics
+    from sglang_otel_kernels.describe.tensors import describe_tensor
+
+    infos = [describe_tensor(torch.tensor([1.0, 2.0])), describe_tensor(torch.tensor([float("nan"), 1.0]))]
+    deferred = []
+    for info in infos:
+        low, high = torch.aminmax(info.tensor)
+        nans, infs = statistics._counts(info.tensor)
+        deferred.append((info, torch.stack([low, high, info.tensor.mean(), nans.float(), infs.float()])))
+    statistics._transfer(deferred)
+    assert infos[0].stats == (1.0, 2.0, 1.5, 0, 0)
+    assert infos[1].stats[3:] == (1, 0)
