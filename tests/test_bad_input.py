@@ -72,6 +72,16 @@ class Everything:
         return self
 
 
+class NoLayoutTensor(torch.Tensor):
+    """A subclass refusing some metadata reads, as nested and exotic tensors do."""
+
+    def is_contiguous(self, *args, **kwargs):
+        raise RuntimeError("no contiguity here")
+
+    def stride(self, *args, **kwargs):
+        raise RuntimeError("no strides here")
+
+
 class Color(enum.Enum):
     RED = 1
 
@@ -129,6 +139,7 @@ CASES = {
     "sparse tensor": lambda: torch.eye(2).to_sparse(),
     "meta tensor": lambda: torch.empty(3, device="meta"),
     "mock-like object": Everything,
+    "tensor refusing stride and contiguity": lambda: torch.ones(2, 3).as_subclass(NoLayoutTensor),
     "enum": lambda: Color.RED,
     "exception instance": lambda: ValueError("as a value"),
 }
@@ -235,3 +246,13 @@ def test_unencodable_text_keeps_text_log_and_attributes_exportable(record, monke
             key.encode("utf-8")
             if isinstance(value, str):
                 value.encode("utf-8")
+
+
+def test_partly_readable_tensor_keeps_what_it_can(record):
+    exporter = record(level=3)
+    sok.debug_kernel_api(op_name="k")(lambda x: None)(torch.ones(2, 3).as_subclass(NoLayoutTensor))
+    a = exporter.get_finished_spans()[0].attributes
+    assert a["sglang.kernel.input.arg0.shape"] == (2, 3)
+    assert a["sglang.kernel.input.arg0.dtype"] == "torch.float32"
+    assert a["sglang.kernel.input.arg0.contiguous"] is False
+    assert "sglang.kernel.input.arg0.stride" not in a

@@ -43,33 +43,35 @@ class TensorInfo:
         self.stats_note: str | None = None
 
 
+def _stride(tensor: torch.Tensor) -> tuple | None:
+    return tuple(tensor.stride()) if tensor.layout is torch.strided else None
+
+
+# Field by field, for tensors that refuse some reads (subclasses, sparse and
+# nested tensors): the rest is still worth recording.
+_READERS = (
+    ("shape", lambda t: tuple(t.shape)),
+    ("dtype", lambda t: _dtype_name(t.dtype)),
+    ("device", lambda t: str(t.device)),
+    ("requires_grad", lambda t: bool(t.requires_grad)),
+    ("contiguous", lambda t: bool(t.is_contiguous())),
+    ("stride", _stride),
+)
+
+
 def describe_tensor(tensor: torch.Tensor) -> TensorInfo:
     info = TensorInfo(tensor)
-    # Each read is guarded on its own: subclasses, sparse and nested tensors
-    # refuse some of them, and the rest is still worth recording.
     try:
         info.shape = tuple(tensor.shape)
-    except Exception:
-        pass
-    try:
         info.dtype = _dtype_name(tensor.dtype)
-    except Exception:
-        pass
-    try:
         info.device = str(tensor.device)
-    except Exception:
-        pass
-    try:
         info.requires_grad = bool(tensor.requires_grad)
-    except Exception:
-        pass
-    try:
         info.contiguous = bool(tensor.is_contiguous())
+        info.stride = _stride(tensor)
     except Exception:
-        pass
-    try:
-        if tensor.layout is torch.strided:
-            info.stride = tuple(tensor.stride())
-    except Exception:
-        pass
+        for field, read in _READERS:
+            try:
+                setattr(info, field, read(tensor))
+            except Exception:
+                continue
     return info
