@@ -16,7 +16,10 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
 LEVELS = (0, 1, 3, 5, 10)
-LOG_DEST_OFF = "off"
+OFF = "off"
+DEFAULT_TRACE_FILE = "sglang_kernel_trace_%i.sgltrace"
+DEFAULT_TRACE_FILE_SIZE = 16 * 1024 * 1024
+MIN_TRACE_FILE_SIZE = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,13 +30,22 @@ class KernelTraceConfig:
     log_dest: "stdout", "stderr", "off" (no text log), or a file path (appended to;
         "%i" becomes the process id when the file is opened).
     spans: open one OpenTelemetry span per call (off when OTEL_SDK_DISABLED=true).
-    tracer_provider: where spans go; None means the global provider.
+    tracer_provider: where spans go; None means the global provider (one is
+        created and installed if the application has none).
+    trace_file: the crash-safe trace file, a path ("%i" becomes the pid) or "off".
+    trace_file_size: its capacity in bytes; the newest records are kept.
+    trace_file_fsync: msync each record, for power-loss durability (slow).
+    faulthandler: write the Python traceback of a fatal signal beside the trace file.
     """
 
     level: int = 0
     log_dest: str = "stdout"
     spans: bool = True
     tracer_provider: "TracerProvider | None" = None
+    trace_file: str = DEFAULT_TRACE_FILE
+    trace_file_size: int = DEFAULT_TRACE_FILE_SIZE
+    trace_file_fsync: bool = False
+    faulthandler: bool = True
 
 
 def _warn(message: str) -> None:
@@ -49,9 +61,42 @@ def parse_level(raw: str) -> int:
     return level
 
 
+def parse_size(text: str) -> int:
+    """Bytes: `16777216`, `64K`, `16M`, `1G` (powers of 1024)."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    if value and value[-1] in "KMG":
+        scale = 1024 ** ("KMG".index(value[-1]) + 1)
+        value = value[:-1]
+    size = int(float(value) * scale)
+    if size < MIN_TRACE_FILE_SIZE:
+        raise ValueError(f"at least {MIN_TRACE_FILE_SIZE} bytes")
+    return size
+
+
+def parse_flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _from_env(environ: Mapping[str, str], name: str, parse: Callable[[str], Any], default: Any) -> Any:
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        _warn(f"cannot parse {name}={raw!r} ({exc}), using {default!r}")
+        return default
+
+
 def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfig:
-    """Read SGLANG_KERNEL_API_LOGLEVEL / _LOGDEST and OTEL_SDK_DISABLED; a value
-    that does not parse gives one warning and the default, as SGLang does."""
+    """Read SGLang's SGLANG_KERNEL_API_* variables, ours, and OTEL_SDK_DISABLED;
+    a value that does not parse gives one warning and the default, as SGLang does."""
     level = 0
     raw_level = environ.get("SGLANG_KERNEL_API_LOGLEVEL")
     if raw_level is not None:
@@ -64,7 +109,16 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         _warn("SGLANG_KERNEL_API_LOGDEST is empty, using stdout")
         log_dest = "stdout"
     sdk_disabled = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
-    return KernelTraceConfig(level=level, log_dest=log_dest, spans=not sdk_disabled)
+    trace_file = environ.get("SGLANG_KERNEL_API_TRACEFILE", DEFAULT_TRACE_FILE).strip() or DEFAULT_TRACE_FILE
+    return KernelTraceConfig(
+        level=level,
+        log_dest=log_dest,
+        spans=not sdk_disabled,
+        trace_file=trace_file,
+        trace_file_size=_from_env(environ, "SGLANG_KERNEL_API_TRACEFILE_SIZE", parse_size, DEFAULT_TRACE_FILE_SIZE),
+        trace_file_fsync=_from_env(environ, "SGLANG_KERNEL_API_TRACEFILE_FSYNC", parse_flag, False),
+        faulthandler=_from_env(environ, "SGLANG_KERNEL_API_FAULTHANDLER", parse_flag, True),
+    )
 
 
 _config = config_from_env()
@@ -95,6 +149,10 @@ def configure(
     log_dest: str | None = None,
     spans: bool | None = None,
     tracer_provider: "TracerProvider | None" = KEEP,
+    trace_file: str | None = None,
+    trace_file_size: int | None = None,
+    trace_file_fsync: bool | None = None,
+    faulthandler: bool | None = None,
 ) -> KernelTraceConfig:
     """Change the settings in code; arguments left out keep their value
     (`tracer_provider=None` goes back to the global provider).
@@ -116,6 +174,18 @@ def configure(
         changes["spans"] = bool(spans)
     if tracer_provider is not KEEP:
         changes["tracer_provider"] = tracer_provider
+    if trace_file is not None:
+        if not isinstance(trace_file, str) or not trace_file.strip():
+            raise ValueError(f"trace_file must be a path or 'off'; got {trace_file!r}")
+        changes["trace_file"] = trace_file.strip()
+    if trace_file_size is not None:
+        if isinstance(trace_file_size, bool) or not isinstance(trace_file_size, int) or trace_file_size < MIN_TRACE_FILE_SIZE:
+            raise ValueError(f"trace_file_size must be an int >= {MIN_TRACE_FILE_SIZE}; got {trace_file_size!r}")
+        changes["trace_file_size"] = trace_file_size
+    if trace_file_fsync is not None:
+        changes["trace_file_fsync"] = bool(trace_file_fsync)
+    if faulthandler is not None:
+        changes["faulthandler"] = bool(faulthandler)
     _config = dataclasses.replace(_config, **changes)
     for listener in _listeners:
         listener(_config)

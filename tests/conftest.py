@@ -1,4 +1,7 @@
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -16,11 +19,12 @@ def strip_timestamps(text: str) -> str:
 
 @pytest.fixture(autouse=True)
 def restore_config():
+    """Each test starts with the trace file off (tests of it turn it on) and
+    leaves the settings as it found them."""
     saved = sok.get_config()
+    sok.configure(trace_file="off")
     yield
-    sok.configure(
-        level=saved.level, log_dest=saved.log_dest, spans=saved.spans, tracer_provider=saved.tracer_provider
-    )
+    sok.configure(**{field: getattr(saved, field) for field in saved.__dataclass_fields__})
 
 
 @pytest.fixture
@@ -43,3 +47,13 @@ def record(provider):
         return provider.exporter
 
     return setup
+
+
+def run_python(script: str, cwd, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs `script` in a fresh interpreter in `cwd`, with none of our or the
+    OTEL_* variables of this process, plus `env`."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    clean.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=cwd, env=clean, capture_output=True, text=True, timeout=timeout
+    )

@@ -4,9 +4,9 @@ import subprocess
 import sys
 
 
-def test_demo_runs_and_shows_the_failing_kernel():
+def test_demo_runs_and_shows_the_failing_kernel(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_otel_kernels", "demo"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "sglang_otel_kernels", "demo"], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout

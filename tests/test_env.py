@@ -1,12 +1,8 @@
 """SGLang's variables, read once at import; OTEL_SDK_DISABLED turns spans off."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from conftest import strip_timestamps
+from conftest import run_python, strip_timestamps
 
 SPAN_COUNTER = (
     "from opentelemetry import trace\n"
@@ -23,13 +19,12 @@ SPAN_COUNTER = (
 )
 
 
-def run(env_extra, script=SPAN_COUNTER):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
-    env.update(env_extra)
-    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+@pytest.fixture
+def run(tmp_path):
+    return lambda env, script=SPAN_COUNTER: run_python(script, tmp_path, env)
 
 
-def test_level_and_stdout_from_environment():
+def test_level_and_stdout_from_environment(run):
     out = run({"SGLANG_KERNEL_API_LOGLEVEL": "3"})
     assert out.returncode == 0, out.stderr
     lines = strip_timestamps(out.stdout).splitlines()
@@ -44,21 +39,21 @@ def test_level_and_stdout_from_environment():
     ]
 
 
-def test_unparsable_level_warns_and_uses_zero():
+def test_unparsable_level_warns_and_uses_zero(run):
     out = run({"SGLANG_KERNEL_API_LOGLEVEL": "verbose"})
     assert out.returncode == 0, out.stderr
     assert "SGLANG_KERNEL_API_LOGLEVEL='verbose'" in out.stderr
     assert out.stdout == "spans 0 level 0\n"
 
 
-def test_logdest_off_keeps_spans_without_text():
+def test_logdest_off_keeps_spans_without_text(run):
     out = run({"SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_LOGDEST": "off"})
     assert out.returncode == 0, out.stderr
     assert out.stdout == "spans 1 level 1\n"
 
 
 @pytest.mark.parametrize("value", ["true", "TRUE"])
-def test_otel_sdk_disabled_skips_spans_keeps_text(value):
+def test_otel_sdk_disabled_skips_spans_keeps_text(run, value):
     out = run({"SGLANG_KERNEL_API_LOGLEVEL": "1", "OTEL_SDK_DISABLED": value})
     assert out.returncode == 0, out.stderr
     assert strip_timestamps(out.stdout).splitlines() == [
@@ -68,7 +63,7 @@ def test_otel_sdk_disabled_skips_spans_keeps_text(value):
     ]
 
 
-def test_level_10_behaves_as_5_for_now():
+def test_level_10_behaves_as_5_for_now(run):
     script = (
         "import torch, sglang_otel_kernels as s\n"
         "s.debug_kernel_api(op_name='k')(lambda x: x)(torch.ones(2))\n"

@@ -1,10 +1,7 @@
 """Level 0 costs nothing: the very objects come back."""
 
-import os
-import subprocess
-import sys
-
 import torch
+from conftest import run_python
 
 import sglang_otel_kernels as sok
 
@@ -40,8 +37,7 @@ def test_wrap_method_leaves_the_object_alone():
     assert not hasattr(obj, "_debug_kernel_apply_wrapped")
 
 
-def test_default_level_is_zero_in_a_fresh_process():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_KERNEL_API")}
+def test_default_level_is_zero_in_a_fresh_process(tmp_path):
     script = (
         "import sglang_otel_kernels as s\n"
         "def f(): pass\n"
@@ -49,6 +45,7 @@ def test_default_level_is_zero_in_a_fresh_process():
         "assert s.debug_kernel_api(f) is f\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    out = run_python(script, tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "ok\n"
+    assert list(tmp_path.iterdir()) == []  # no file created at level 0

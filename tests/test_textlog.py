@@ -1,13 +1,10 @@
 """The text log is SGLang's, line for line (timestamps aside)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import strip_timestamps
+from conftest import run_python, strip_timestamps
 
 import golden_scenario
 import sglang_otel_kernels as sok
@@ -69,12 +66,12 @@ def test_pid_in_path_and_lines_written_before_the_kernel_runs(tmp_path):
         "    os._exit(3)\n"
         "dies(5)\n"
     )
-    env = dict(
-        os.environ,
-        SGLANG_KERNEL_API_LOGLEVEL="3",
-        SGLANG_KERNEL_API_LOGDEST=str(tmp_path / "log_%i.txt"),
-    )
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        "SGLANG_KERNEL_API_LOGLEVEL": "3",
+        "SGLANG_KERNEL_API_LOGDEST": str(tmp_path / "log_%i.txt"),
+        "SGLANG_KERNEL_API_TRACEFILE": "off",
+    }
+    proc = run_python(script, tmp_path, env)
     assert proc.returncode == 3
     files = list(tmp_path.iterdir())
     assert [f.name for f in files] == [f"log_{proc_pid(files[0])}.txt"]

@@ -21,6 +21,8 @@ from .. import config as _config
 from ..describe.statistics import fill_statistics
 from ..describe.values import describe, tensors_in
 from ..record import attributes as _attrs
+from ..record.processor import set_writer
+from ..record.setup import make_writer
 from ..record.spans import SpanRecorder
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import is_compiling
@@ -40,6 +42,12 @@ class _Runtime:
             previous.text.close()
         self.text = TextLog(cfg.log_dest)
         self.spans = SpanRecorder(cfg.tracer_provider) if cfg.spans else None
+        # The same trace-file settings keep the same file: a new writer would
+        # start the file afresh and lose what it holds.
+        self.trace_file_key = (cfg.level > 0, cfg.spans, cfg.trace_file, cfg.trace_file_size,
+                               cfg.trace_file_fsync, cfg.faulthandler)
+        if previous is None or previous.trace_file_key != self.trace_file_key:
+            set_writer(make_writer(cfg))
 
 
 _runtime = _Runtime(_config.get_config())
@@ -48,8 +56,12 @@ _warned: set = set()
 
 
 def _reconfigure(cfg: _config.KernelTraceConfig) -> None:
+    """`configure()` sets tracing up at once, so that the application's request
+    spans started before the first kernel already have a provider."""
     global _runtime
     _runtime = _Runtime(cfg, _runtime)
+    if cfg.level > 0 and _runtime.spans is not None:
+        _runtime.spans.setup()
 
 
 def _after_fork_in_child() -> None:

@@ -14,6 +14,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from .._version import __version__
 from ..describe.values import safe_str
 from .attributes import ATTRIBUTES_DROPPED, fit
+from .setup import resolve_provider
 
 TRACER_NAME = "sglang_otel_kernels"
 
@@ -40,24 +41,34 @@ def describe_exception(exc: BaseException) -> str:
 
 
 class SpanRecorder:
+    """Starts and ends kernel spans; finds its tracer on the first span, so
+    that importing at level >= 1 sets nothing up until a kernel runs."""
+
     def __init__(self, tracer_provider=None) -> None:
-        if tracer_provider is None:
-            self.tracer = trace.get_tracer(TRACER_NAME, __version__)
-        else:
-            self.tracer = tracer_provider.get_tracer(TRACER_NAME, __version__)
-        limit = _attribute_limit(self.tracer)
+        self._configured = tracer_provider
+        self.tracer = None
+        self.limit: int | None = None
+        self.start_room: int | None = None
+
+    def setup(self):
+        provider = resolve_provider(self._configured)
+        tracer = provider.get_tracer(TRACER_NAME, __version__)
+        limit = _attribute_limit(tracer)
         self.limit = limit
         # Room left at the start for the result's attributes and the drop count.
         self.start_room = None if limit is None else max(limit - min(32, limit // 4) - 1, 3)
+        self.tracer = tracer
+        return tracer
 
     def start(self, name: str, attrs: dict):
         """Starts the span, makes it current, returns (span, context token)."""
+        tracer = self.tracer or self.setup()
         dropped = 0
         if self.start_room is not None:
             attrs, dropped = fit(attrs, self.start_room)
             if dropped:
                 attrs[ATTRIBUTES_DROPPED] = dropped
-        span = self.tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
+        span = tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
         token = context_api.attach(trace.set_span_in_context(span))
         return span, token
 

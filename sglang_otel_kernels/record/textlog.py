@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Iterable
 
-from ..config import LOG_DEST_OFF
+from ..config import OFF
 from ..describe.tensors import TensorInfo
 from ..describe.values import Elided, Mapping, Opaque, Scalar, Sequence, safe_str
 
@@ -124,7 +124,7 @@ class TextLog:
 
     def __init__(self, dest: str) -> None:
         self.dest = dest
-        self.enabled = dest != LOG_DEST_OFF
+        self.enabled = dest != OFF
         self._fd: int | None = None
         self._lock = threading.Lock()
 

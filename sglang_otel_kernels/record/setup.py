@@ -1,0 +1,118 @@
+"""Tracing set-up, done once, on the first kernel span.
+
+The application's TracerProvider is reused when it has one (our trace-file
+processor is added to it; its exporters are left alone). Otherwise an SDK
+provider is created and installed as the global one, so the application's own
+request spans land in the same place.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import socket
+import sys
+import weakref
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
+
+from .. import config as _config
+from .._version import __version__
+from . import processor, tracefile
+
+_attached: "weakref.WeakSet" = weakref.WeakSet()
+_warned_foreign = False
+_faulthandler_file = None
+
+
+def rank_metadata(environ=os.environ) -> dict:
+    """Distributed ranks as torchrun and SGLang's launchers export them."""
+    return {key.lower(): environ[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE") if key in environ}
+
+
+def default_resource() -> Resource:
+    attributes = {
+        "service.name": os.environ.get("OTEL_SERVICE_NAME") or "sglang",
+        "process.pid": os.getpid(),
+        "host.name": socket.gethostname(),
+    }
+    attributes.update({f"sglang.{key}": int(value) for key, value in rank_metadata().items() if value.isdigit()})
+    # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES.
+    return Resource.create(attributes)
+
+
+def resolve_provider(configured):
+    """The provider kernel spans go to, with the trace-file processor on it."""
+    provider = configured
+    if provider is None:
+        provider = trace.get_tracer_provider()
+        if isinstance(provider, trace.ProxyTracerProvider):
+            trace.set_tracer_provider(SDKTracerProvider(resource=default_resource()))
+            provider = trace.get_tracer_provider()
+    attach_trace_file(provider)
+    return provider
+
+
+def attach_trace_file(provider) -> None:
+    global _warned_foreign
+    if provider in _attached:
+        return
+    if not isinstance(provider, SDKTracerProvider):
+        if processor.current_writer() is not None and not _warned_foreign:
+            _warned_foreign = True
+            print(
+                f"sglang_otel_kernels: the installed TracerProvider ({type(provider).__name__}) is not the "
+                "OpenTelemetry SDK's; kernel spans go to it, but the trace file cannot be attached",
+                file=sys.stderr,
+            )
+        return
+    writer = processor.current_writer()
+    if writer is not None:
+        writer.metadata.setdefault("resource", dict(provider.resource.attributes))
+    provider.add_span_processor(processor.TraceFileProcessor())
+    _attached.add(provider)
+
+
+def make_writer(cfg: "_config.KernelTraceConfig") -> "tracefile.TraceFileWriter | None":
+    if cfg.level == 0 or not cfg.spans or cfg.trace_file == _config.OFF:
+        return None
+    metadata = {
+        "format": "sglang-otel-kernels trace file",
+        "package_version": __version__,
+        "level": cfg.level,
+        "host": socket.gethostname(),
+        "argv": sys.argv,
+        "python": sys.version.split()[0],
+        "ranks": rank_metadata(),
+    }
+    return tracefile.TraceFileWriter(
+        cfg.trace_file,
+        capacity=cfg.trace_file_size,
+        fsync=cfg.trace_file_fsync,
+        metadata=metadata,
+        on_open=_enable_faulthandler if cfg.faulthandler else None,
+    )
+
+
+def traceback_path(trace_path: str) -> str:
+    return trace_path + ".traceback"
+
+
+def _enable_faulthandler(trace_path: str) -> None:
+    """Python's traceback on SIGSEGV/SIGBUS/SIGABRT/SIGFPE/SIGILL, beside the
+    trace file. An application that enabled faulthandler itself keeps it."""
+    global _faulthandler_file
+    if faulthandler.is_enabled() and _faulthandler_file is None:
+        return
+    try:
+        fd = os.open(traceback_path(trace_path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        new_file = os.fdopen(fd, "w")
+        faulthandler.enable(file=new_file, all_threads=True)
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"sglang_otel_kernels: cannot enable faulthandler ({exc})", file=sys.stderr)
+        return
+    previous, _faulthandler_file = _faulthandler_file, new_file
+    if previous is not None:
+        previous.close()

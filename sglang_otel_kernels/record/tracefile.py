@@ -1,0 +1,229 @@
+"""The crash-safe trace file: a fixed-size ring of records in a shared memory map.
+
+A record copied into a MAP_SHARED mapping of a regular file is in the page
+cache the moment the copy ends, so it reaches the file whatever kills the
+process afterwards (SIGKILL, a segfault, abort, os._exit) with no system call
+and no fsync; only a kernel crash or power loss can lose it (`fsync=True`
+adds an msync per record for that, at a large cost). The file is allocated in
+full when created, so a full disk shows then, as one warning, and never as a
+SIGBUS on a later write.
+
+Layout (all integers little-endian):
+
+    header   (HEADER_SIZE bytes)  b"SOKTRACE", u32 format version, u32 header
+                                  size, u64 ring capacity, u32 metadata length,
+                                  metadata as JSON (pid, ranks, resource, ...)
+    ring     (capacity bytes)     records at 8-byte aligned offsets
+
+    record   u32 RECORD_MAGIC, u32 payload length, u64 sequence number,
+             u32 CRC-32 of the payload, u32 reserved, payload (marshal),
+             padding to 8 bytes
+
+When a record does not fit before the end of the ring, writing continues at
+its start, over the oldest records; a record partly overwritten, or torn by a
+crash in mid-copy, fails its CRC and is skipped by the reader, which orders
+what remains by sequence number. Payloads are `marshal` data (the fastest
+encoder of Python's tuples, dicts and big integers there is, in the standard
+library); the reader only decodes payloads whose CRC matches.
+"""
+
+from __future__ import annotations
+
+import json
+import marshal
+import mmap
+import os
+import struct
+import sys
+import threading
+import weakref
+import zlib
+from typing import Callable
+
+MAGIC = b"SOKTRACE"
+FORMAT_VERSION = 1
+HEADER_SIZE = 65536
+HEADER_PREFIX = struct.Struct("<8sIIQI")
+RECORD_MAGIC = 0x524B4F53  # b"SOKR"
+RECORD_HEADER = struct.Struct("<IIQII")
+ALIGN = 8
+MARSHAL_VERSION = 4
+
+# Record kinds, the first item of every payload tuple.
+START = "S"
+END = "E"
+THREAD = "T"
+
+_writers: "weakref.WeakSet[TraceFileWriter]" = weakref.WeakSet()
+
+
+def _warn(message: str) -> None:
+    print(f"sglang_otel_kernels: {message}", file=sys.stderr)
+
+
+def resolve_path(template: str, pid: int) -> str:
+    """`%i` becomes the pid; a forked child whose template has no `%i` gets
+    `.<pid>` before the extension, so it never writes into its parent's file."""
+    if "%i" in template:
+        return os.path.abspath(template.replace("%i", str(pid)))
+    return os.path.abspath(template)
+
+
+def _child_path(path: str, pid: int) -> str:
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.{pid}{ext}"
+
+
+class TraceFileWriter:
+    """Appends records to one process's trace file; thread-safe, never raises.
+
+    The file is created on the first record. After `fork`, the child drops the
+    parent's mapping (without touching the parent's file) and creates its own
+    file on its first record.
+    """
+
+    def __init__(
+        self,
+        template: str,
+        capacity: int,
+        fsync: bool = False,
+        metadata: dict | None = None,
+        on_open: "Callable[[str], None] | None" = None,
+    ) -> None:
+        self.template = template
+        self.capacity = capacity - capacity % ALIGN
+        self.fsync = fsync
+        self.metadata = dict(metadata or {})
+        self.on_open = on_open
+        self.path: str | None = None
+        self.failed = False
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._map: mmap.mmap | None = None
+        self._view: memoryview | None = None
+        self._offset = 0
+        self._sequence = 0
+        self._forked_from: int | None = None
+        _writers.add(self)
+
+    # -- file life cycle -------------------------------------------------
+
+    def _open(self) -> bool:
+        pid = os.getpid()
+        path = resolve_path(self.template, pid)
+        if self._forked_from is not None and "%i" not in self.template:
+            path = _child_path(path, pid)
+        header = self._header(pid)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+            try:
+                os.fchmod(fd, 0o600)  # whatever the umask, and for a file that existed
+                total = HEADER_SIZE + self.capacity
+                if hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(fd, 0, total)
+                else:
+                    os.ftruncate(fd, total)
+                os.pwrite(fd, header, 0)
+                self._map = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+        except (OSError, ValueError) as exc:
+            self.failed = True
+            _warn(
+                f"cannot create the trace file {path!r} ({exc}); kernel calls go on without it "
+                "(set SGLANG_KERNEL_API_TRACEFILE to a writable path, or 'off')"
+            )
+            return False
+        self._view = memoryview(self._map)
+        self.path = path
+        self._offset = 0
+        if self.on_open is not None:
+            self.on_open(path)
+        return True
+
+    def _header(self, pid: int) -> bytes:
+        metadata = dict(self.metadata, pid=pid, ppid=os.getppid())
+        if self._forked_from is not None:
+            metadata["forked_from"] = self._forked_from
+        body = json.dumps(metadata, default=str).encode("utf-8")
+        room = HEADER_SIZE - HEADER_PREFIX.size
+        if len(body) > room:
+            body = json.dumps({"pid": pid, "metadata_truncated": True}).encode("utf-8")
+        return HEADER_PREFIX.pack(MAGIC, FORMAT_VERSION, HEADER_SIZE, self.capacity, len(body)) + body
+
+    def after_fork_in_child(self) -> None:
+        # The mapping is shared with the parent: writing through it would
+        # corrupt the parent's file. Forget it; the child opens its own.
+        self._view = None
+        self._map = None
+        self._lock = threading.Lock()
+        self._forked_from = os.getppid()
+        self.path = None
+        self._sequence = 0
+
+    def close(self) -> None:
+        with self._lock:
+            view, mapped = self._view, self._map
+            self._view = self._map = None
+        if view is not None:
+            view.release()
+        if mapped is not None:
+            try:
+                mapped.close()
+            except (BufferError, ValueError):
+                pass
+
+    # -- writing ---------------------------------------------------------
+
+    def append(self, record: tuple) -> None:
+        """Writes one record; a failure to encode it drops it (counted)."""
+        if self.failed:
+            return
+        try:
+            payload = marshal.dumps(record, MARSHAL_VERSION)
+        except ValueError:
+            payload = _marshal_with_reprs(record)
+        size = RECORD_HEADER.size + len(payload)
+        padded = size + (-size) % ALIGN
+        if padded > self.capacity:
+            self.dropped += 1
+            return
+        with self._lock:
+            if self._view is None and not self._open():
+                return
+            sequence = self._sequence = self._sequence + 1
+            offset = self._offset
+            if offset + padded > self.capacity:
+                offset = 0
+            start = HEADER_SIZE + offset
+            self._view[start : start + size] = (
+                RECORD_HEADER.pack(RECORD_MAGIC, len(payload), sequence, zlib.crc32(payload), 0) + payload
+            )
+            self._offset = offset + padded
+            if self.fsync:
+                page = start - start % mmap.PAGESIZE
+                self._map.flush(page, start + size - page)
+
+
+def _marshal_with_reprs(value):
+    """Encodes what marshal refuses (an exotic attribute value) as its repr."""
+
+    def clean(item):
+        if isinstance(item, (str, int, float, bool, bytes, type(None))):
+            return item
+        if isinstance(item, (tuple, list)):
+            return tuple(clean(x) for x in item)
+        if isinstance(item, dict):
+            return {str(k): clean(v) for k, v in item.items()}
+        return repr(item)
+
+    return marshal.dumps(clean(value), MARSHAL_VERSION)
+
+
+def _after_fork_in_child() -> None:
+    for writer in list(_writers):
+        writer.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

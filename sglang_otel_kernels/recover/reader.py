@@ -1,0 +1,238 @@
+"""Reads a trace file back: the spans that ended, and those still in flight
+when the process died, in the order they started.
+
+Never crashes on a damaged file: a missing, empty, foreign or truncated header
+raises `TraceFileError` with what is wrong; torn or overwritten records are
+skipped and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import marshal
+import mmap
+import os
+import struct
+import zlib
+from typing import Any
+
+from ..record import tracefile as fmt
+
+IN_FLIGHT = "sglang.kernel.in_flight"
+IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
+STATUS_NAMES = {0: "UNSET", 1: "OK", 2: "ERROR"}
+_RECORD_MAGIC_BYTES = struct.pack("<I", fmt.RECORD_MAGIC)
+_START_FIELDS = 14
+_END_FIELDS = 18
+
+
+class TraceFileError(Exception):
+    """The file cannot be read as a trace file; the message says why."""
+
+
+@dataclasses.dataclass
+class RecoveredSpan:
+    name: str
+    trace_id: int
+    span_id: int
+    parent_span_id: int  # 0 for a root span
+    parent_is_remote: bool
+    kind: int  # opentelemetry.trace.SpanKind value
+    start_time: int  # ns since the epoch
+    end_time: int | None  # None while in flight
+    status_code: str  # "UNSET", "OK" or "ERROR"
+    status_description: str
+    attributes: dict[str, Any]
+    events: list[tuple[str, int, dict[str, Any]]]
+    links: list[tuple[int, int, dict[str, Any]]]
+    thread_id: int
+    thread_name: str | None
+    scope_name: str
+    scope_version: str
+    trace_flags: int
+    in_flight: bool
+
+
+@dataclasses.dataclass
+class TraceFileContents:
+    path: str
+    metadata: dict[str, Any]
+    spans: list[RecoveredSpan]
+    records: int  # valid records read
+    skipped: int  # records torn by a crash or partly overwritten
+    problems: list[str]  # what was wrong with the file, if anything
+    last_time: int  # the newest timestamp in the file (about when it was last written)
+
+
+def read_trace(path: str | os.PathLike) -> list[RecoveredSpan]:
+    """The spans in the trace file at `path`, ended and in flight, in start order."""
+    return read_trace_file(path).spans
+
+
+def read_trace_file(path: str | os.PathLike) -> TraceFileContents:
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size == 0:
+                raise TraceFileError(f"{path}: empty file, not a trace file")
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return _parse(path, data)
+    except FileNotFoundError:
+        raise TraceFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceFileError(f"{path}: is a directory, not a trace file") from None
+    except PermissionError:
+        raise TraceFileError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise TraceFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _parse(path: str, data) -> TraceFileContents:
+    problems: list[str] = []
+    if len(data) < fmt.HEADER_PREFIX.size or bytes(data[:8]) != fmt.MAGIC:
+        if bytes(data[:8]) == fmt.MAGIC[: min(8, len(data))]:
+            raise TraceFileError(f"{path}: truncated inside its header ({len(data)} bytes)")
+        raise TraceFileError(f"{path}: not a sglang-otel-kernels trace file (no {fmt.MAGIC.decode()} header)")
+    _, version, header_size, capacity, meta_len = fmt.HEADER_PREFIX.unpack_from(data, 0)
+    if version != fmt.FORMAT_VERSION:
+        raise TraceFileError(f"{path}: trace file format {version}, this reader knows {fmt.FORMAT_VERSION}")
+    if header_size < fmt.HEADER_PREFIX.size or meta_len > header_size - fmt.HEADER_PREFIX.size:
+        raise TraceFileError(f"{path}: damaged header (header size {header_size}, metadata {meta_len} bytes)")
+    metadata = _metadata(data, meta_len, problems)
+    ring_end = header_size + capacity
+    if len(data) < ring_end:
+        problems.append(f"file truncated: {max(len(data) - header_size, 0)} of {capacity} record bytes present")
+        ring_end = len(data)
+    records, skipped = _scan(data, header_size, ring_end)
+    if skipped:
+        problems.append(f"{skipped} record(s) torn by a crash or partly overwritten were skipped")
+    spans, last_time = _assemble(records)
+    return TraceFileContents(path, metadata, spans, len(records), skipped, problems, last_time)
+
+
+def _metadata(data, meta_len: int, problems: list[str]) -> dict:
+    start = fmt.HEADER_PREFIX.size
+    try:
+        value = json.loads(bytes(data[start : start + meta_len]).decode("utf-8"))
+        if isinstance(value, dict):
+            return value
+    except (UnicodeDecodeError, ValueError):
+        pass
+    problems.append("the header's metadata is damaged")
+    return {}
+
+
+def _scan(data, base: int, end: int) -> tuple[list[tuple], int]:
+    records: list[tuple[int, tuple]] = []
+    skipped = 0
+    position = base
+    header = fmt.RECORD_HEADER
+    while True:
+        found = data.find(_RECORD_MAGIC_BYTES, position, end)
+        if found < 0:
+            break
+        if (found - base) % fmt.ALIGN:
+            position = found + 1
+            continue
+        if found + header.size > end:
+            break
+        _, length, sequence, crc, _ = header.unpack_from(data, found)
+        payload_start = found + header.size
+        payload = data[payload_start : payload_start + length] if payload_start + length <= end else b""
+        record = _decode(payload, crc) if len(payload) == length and length else None
+        if record is None:
+            skipped += 1
+            position = found + fmt.ALIGN
+            continue
+        records.append((sequence, record))
+        size = header.size + length
+        position = found + size + (-size) % fmt.ALIGN
+    records.sort(key=lambda item: item[0])
+    return [record for _, record in records], skipped
+
+
+def _decode(payload: bytes, crc: int):
+    if zlib.crc32(payload) != crc:
+        return None
+    try:
+        record = marshal.loads(payload)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if not isinstance(record, tuple) or not record:
+        return None
+    kind = record[0]
+    if kind == fmt.THREAD and len(record) == 3:
+        return record
+    if kind == fmt.START and len(record) == _START_FIELDS and _well_formed(record):
+        return record
+    if kind == fmt.END and len(record) == _END_FIELDS and _well_formed(record):
+        return record
+    return None
+
+
+def _well_formed(record: tuple) -> bool:
+    ints = (record[1], record[2], record[3], record[5], record[6], record[7])
+    return (
+        all(isinstance(value, int) for value in ints)
+        and isinstance(record[4], str)
+        and isinstance(record[10], dict)
+        and isinstance(record[11], tuple)
+    )
+
+
+def _assemble(records: list[tuple]) -> tuple[list[RecoveredSpan], int]:
+    threads: dict[int, str] = {}
+    starts: dict[tuple[int, int], tuple] = {}
+    ends: dict[tuple[int, int], tuple] = {}
+    order: dict[tuple[int, int], int] = {}
+    last_time = 0
+    for index, record in enumerate(records):
+        kind = record[0]
+        if kind == fmt.THREAD:
+            threads[record[1]] = str(record[2])
+            continue
+        key = (record[1], record[2])
+        order.setdefault(key, index)
+        (starts if kind == fmt.START else ends)[key] = record
+        last_time = max(last_time, record[6], record[14] if kind == fmt.END and record[14] else 0)
+    spans = []
+    for key in sorted(order, key=order.__getitem__):
+        end = ends.get(key)
+        spans.append(_span(end if end is not None else starts[key], end is not None, threads))
+    spans.sort(key=lambda span: span.start_time)
+    return spans, last_time
+
+
+def _span(record: tuple, ended: bool, threads: dict[int, str]) -> RecoveredSpan:
+    (_, trace_id, span_id, parent_id, name, kind, start, thread, scope, scope_version,
+     attributes, links, flags, parent_remote) = record[:_START_FIELDS]
+    attributes = dict(attributes)
+    if ended:
+        end_time, status, description, events = record[_START_FIELDS:]
+        status_name = STATUS_NAMES.get(status, "UNSET")
+    else:
+        end_time, status_name, description, events = None, "ERROR", IN_FLIGHT_DESCRIPTION, ()
+        attributes[IN_FLIGHT] = True
+    return RecoveredSpan(
+        name=name,
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent_id,
+        parent_is_remote=bool(parent_remote),
+        kind=kind,
+        start_time=start,
+        end_time=end_time,
+        status_code=status_name,
+        status_description=description,
+        attributes=attributes,
+        events=[tuple(event) for event in events],
+        links=[tuple(link) for link in links],
+        thread_id=thread,
+        thread_name=threads.get(thread),
+        scope_name=scope,
+        scope_version=scope_version,
+        trace_flags=flags,
+        in_flight=not ended,
+    )

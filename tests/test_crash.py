@@ -1,0 +1,160 @@
+"""Real processes die inside kernel calls, and the trace file tells the story:
+the call that was running, with its inputs, and every call before it."""
+
+import json
+import signal
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+import sglang_otel_kernels as sok
+from conftest import run_python
+
+WORKER = Path(__file__).with_name("crash_worker.py")
+KERNEL = "sglang.custom_op.kernel"
+TRIALS = 8
+
+IN_KERNEL_ENDINGS = {
+    "in-sigkill": {"signal": signal.SIGKILL},
+    "in-sigterm": {"signal": signal.SIGTERM},
+    "in-sigsegv": {"signal": signal.SIGSEGV},
+    "in-sigbus": {"signal": signal.SIGBUS},
+    "in-abort": {"signal": signal.SIGABRT},
+    "in-exit": {"exit": 7},
+    "in-sigint": {"exit": 1},  # KeyboardInterrupt raised inside the kernel
+}
+EXTERNAL = {
+    "ext-sigkill": {"signal": signal.SIGKILL},
+    "ext-sigterm": {"signal": signal.SIGTERM},
+    "ext-sigsegv": {"signal": signal.SIGSEGV},
+    "ext-sigabrt": {"signal": signal.SIGABRT},
+    "ext-sigint": {"exit": 1},
+}
+
+
+def run_trials(tmp_path, mode, seed):
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), mode, str(TRIALS), str(tmp_path), str(seed)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    trials = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(trials) == TRIALS
+    return trials
+
+
+def kernel_calls(contents):
+    kernels = [s for s in contents.spans if s.name == KERNEL]
+    calls = [s.attributes["sglang.kernel.input.call"] for s in kernels]
+    # Nothing missing: the calls kept are consecutive and in order.
+    assert calls == list(range(calls[0], calls[0] + len(calls))), calls
+    return kernels
+
+
+@pytest.mark.parametrize("mode", sorted(IN_KERNEL_ENDINGS))
+def test_death_inside_the_kernel(tmp_path, mode):
+    for number, trial in enumerate(run_trials(tmp_path, mode, seed=zlib.crc32(mode.encode()))):
+        expected = {k: int(v) for k, v in IN_KERNEL_ENDINGS[mode].items()}
+        assert {k: trial[k] for k in expected} == expected, trial
+        contents = sok.read_trace_file(tmp_path / f"trace_{trial['pid']}.sgltrace")
+        assert contents.skipped == 0 and contents.problems == []
+        kernels = kernel_calls(contents)
+        die_at = trial["die_at"]
+        assert [k.attributes["sglang.kernel.input.call"] for k in kernels] == list(range(1, die_at + 1))
+        *before, last = kernels
+        assert all(not k.in_flight and k.status_code == "UNSET" and k.end_time for k in before)
+        assert last.attributes["sglang.kernel.input.arg0.shape"] == (2, 3)
+        assert last.attributes["sglang.kernel.input.arg0.dtype"] == "torch.float32"
+        request = next(s for s in contents.spans if s.span_id == last.parent_span_id)
+        assert request.name == f"Req {(die_at - 1) // 4}"
+        if mode == "in-sigint":
+            assert not last.in_flight and last.status_code == "ERROR"
+            assert last.events[0][2]["exception.type"] == "KeyboardInterrupt"
+        else:
+            assert last.in_flight, (mode, number)
+            assert last.attributes["sglang.kernel.in_flight"] is True
+            assert last.status_code == "ERROR"
+            assert "process ended during this call" in last.status_description
+            assert last.end_time is None
+            assert request.in_flight
+        assert contents.metadata["pid"] == trial["pid"]
+
+
+@pytest.mark.parametrize("mode", sorted(EXTERNAL))
+def test_killed_from_outside_at_a_random_moment(tmp_path, mode):
+    caught_in_flight = 0
+    for trial in run_trials(tmp_path, mode, seed=zlib.crc32(mode.encode())):
+        expected = {k: int(v) for k, v in EXTERNAL[mode].items()}
+        assert {k: trial.get(k) for k in expected} == expected, trial
+        contents = sok.read_trace_file(tmp_path / f"trace_{trial['pid']}.sgltrace")
+        kernels = kernel_calls(contents)
+        assert kernels, "no call recorded in 0.1 s or more"
+        in_flight = [k for k in kernels if k.in_flight]
+        # At most the last call can have been running, and then with its inputs.
+        assert in_flight in ([], [kernels[-1]])
+        for call in in_flight:
+            assert call.attributes["sglang.kernel.input.arg0.shape"] == (2, 3)
+        caught_in_flight += len(in_flight)
+        assert all(k.status_code == "UNSET" for k in kernels[:-1])
+    if mode != "ext-sigint":  # KeyboardInterrupt ends the call it interrupts
+        # The kernels sleep most of the time: most kills land inside one.
+        assert caught_in_flight >= TRIALS // 2
+
+
+def test_faulthandler_writes_where_python_was(tmp_path):
+    trial = run_trials(tmp_path, "in-sigsegv", seed=1)[0]
+    trace = tmp_path / f"trace_{trial['pid']}.sgltrace"
+    text = Path(str(trace) + ".traceback").read_text()
+    assert "Fatal Python error: Segmentation fault" in text
+    assert 'in kernel' in text  # the frame of the kernel that crashed
+
+
+def test_unhandled_exception_and_normal_exit(tmp_path):
+    script = (
+        "import sys, torch, sglang_otel_kernels as sok\n"
+        "k = sok.debug_kernel_api(op_name='k')(lambda x, fail: (_ for _ in ()).throw(ValueError('bad')) if fail else x)\n"
+        "k(torch.ones(2), fail=False)\n"
+        "if sys.argv[-1] == 'fail': k(torch.ones(3), fail=True)\n"
+    )
+    env = {"SGLANG_KERNEL_API_LOGLEVEL": "3", "SGLANG_KERNEL_API_LOGDEST": "off",
+           "SGLANG_KERNEL_API_TRACEFILE": str(tmp_path / "t_%i.sgltrace")}
+    for argument, code in (("ok", 0), ("fail", 1)):
+        proc = subprocess.run(
+            [sys.executable, "-c", script, argument], cwd=tmp_path, env={**run_env(), **env},
+            capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == code, proc.stderr
+        (path,) = [p for p in tmp_path.glob("t_*.sgltrace")]
+        spans = sok.read_trace(path)
+        assert [s.status_code for s in spans] == (["UNSET"] if code == 0 else ["UNSET", "ERROR"])
+        assert not any(s.in_flight for s in spans)
+        path.unlink()
+
+
+def run_env():
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+
+
+def test_normal_exit_with_spans_open_is_in_flight(tmp_path):
+    """os._exit from a request handler that never closes its span."""
+    script = (
+        "import os, torch, sglang_otel_kernels as sok\n"
+        "from opentelemetry import trace\n"
+        "sok.configure(level=1, log_dest='off', trace_file='t.sgltrace')\n"
+        "k = sok.debug_kernel_api(op_name='k')(lambda x: x)\n"
+        "span = trace.get_tracer('app').start_span('Req open')\n"
+        "k(1)\n"
+        "os._exit(0)\n"
+    )
+    proc = run_python(script, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    spans = sok.read_trace(tmp_path / "t.sgltrace")
+    assert [(s.name, s.in_flight) for s in spans] == [("Req open", True), ("k", False)]
