@@ -1,4 +1,4 @@
-"""SGLang's kernel API logging, as OpenTelemetry spans.
+"""SGLang's kernel API logging, as OpenTelemetry spans, with a crash-safe trace file.
 
     from sglang_otel_kernels import debug_kernel_api
 
@@ -7,13 +7,32 @@
 
 Levels and destinations come from SGLang's variables (SGLANG_KERNEL_API_LOGLEVEL,
 SGLANG_KERNEL_API_LOGDEST), read at import, or from `configure()` called before
-decorating.
+decorating. `read_trace()` reads a trace file back.
+
+The decorator side (which needs torch) loads on first use, so reading a trace
+file, exporting or reporting works where torch is not installed.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .capture.decorator import debug_kernel_api, debug_torch_op, wrap_method_with_debug_kernel_once
 from .config import KernelTraceConfig, configure, get_config
+from .record.processor import trace_file_path
 from .recover.reader import RecoveredSpan, TraceFileContents, TraceFileError, read_trace, read_trace_file
+
+if TYPE_CHECKING:
+    from .capture.decorator import debug_kernel_api, debug_torch_op, wrap_method_with_debug_kernel_once
+
+_CAPTURE = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CAPTURE:
+        from .capture import decorator
+
+        return getattr(decorator, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "KernelTraceConfig",
@@ -27,5 +46,6 @@ __all__ = [
     "get_config",
     "read_trace",
     "read_trace_file",
+    "trace_file_path",
     "wrap_method_with_debug_kernel_once",
 ]

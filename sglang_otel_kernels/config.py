@@ -8,6 +8,7 @@ with `configure(level=...)` in code.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -187,6 +188,10 @@ def configure(
     if faulthandler is not None:
         changes["faulthandler"] = bool(faulthandler)
     _config = dataclasses.replace(_config, **changes)
+    # The decorator's runtime follows the settings (and sets tracing up at
+    # once); it is loaded on first use because it needs torch, which reading
+    # a trace file does not.
+    importlib.import_module(f"{__package__}.capture.decorator")
     for listener in _listeners:
         listener(_config)
     return _config

@@ -31,6 +31,13 @@ def current_writer() -> "tracefile.TraceFileWriter | None":
     return _current
 
 
+def trace_file_path() -> str | None:
+    """The trace file this process writes: None when it is off, could not be
+    created, or before the first span."""
+    writer = _current
+    return writer.path if writer is not None and not writer.failed else None
+
+
 def _warn_once(exc: BaseException) -> None:
     global _warned
     if not _warned:

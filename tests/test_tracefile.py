@@ -1,0 +1,369 @@
+"""The trace file outside crashes: contents, format damage, bounds, threads,
+processes, permissions, and the OTLP JSON export."""
+
+import json
+import os
+import stat
+import struct
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+import sglang_otel_kernels as sok
+from conftest import run_python
+from sglang_otel_kernels.record import tracefile as fmt
+
+K = "sglang.kernel."
+
+
+@pytest.fixture
+def traced(record, tmp_path):
+    """Spans into memory and into a trace file in tmp_path; returns the exporter."""
+
+    def setup(level=3, **settings):
+        exporter = record(level=level)
+        sok.configure(trace_file=str(tmp_path / "trace_%i.sgltrace"), **settings)
+        return exporter
+
+    return setup
+
+
+def trace_path(tmp_path):
+    return tmp_path / f"trace_{os.getpid()}.sgltrace"
+
+
+def test_round_trip_agrees_with_the_exporter(traced, provider, tmp_path):
+    exporter = traced(level=5)
+    kernel = sok.debug_kernel_api(op_name="rmsnorm")(lambda x, eps=1e-6: x / 0)
+    with provider.get_tracer("server").start_as_current_span("Req 1", attributes={"rid": "r1"}):
+        kernel(torch.tensor([1.0, 0.0]), eps=1e-5)
+    assert sok.trace_file_path() == str(trace_path(tmp_path))
+    spans = sok.read_trace(trace_path(tmp_path))
+    exported = {s.context.span_id: s for s in exporter.get_finished_spans()}
+    assert [s.name for s in spans] == ["Req 1", "rmsnorm"]
+    for span in spans:
+        original = exported[span.span_id]
+        assert span.trace_id == original.context.trace_id
+        assert span.parent_span_id == (original.parent.span_id if original.parent else 0)
+        assert (span.start_time, span.end_time) == (original.start_time, original.end_time)
+        assert repr(span.attributes) == repr(dict(original.attributes))  # repr: NaN == NaN
+        assert [e[0] for e in span.events] == [e.name for e in original.events]
+        assert span.thread_name == threading.current_thread().name
+        assert not span.in_flight
+    assert spans[1].attributes[K + "output.nan_count"] == 1
+    assert spans[1].scope_name == "sglang_otel_kernels"
+
+
+def test_file_and_traceback_are_private(tmp_path):
+    script = (
+        "import os, sglang_otel_kernels as sok\n"
+        "os.umask(0)\n"
+        "sok.configure(level=1, log_dest='off', trace_file='t.sgltrace')\n"
+        "sok.debug_kernel_api(op_name='k')(lambda: None)()\n"
+    )
+    proc = run_python(script, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE((tmp_path / "t.sgltrace").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "t.sgltrace.traceback").stat().st_mode) == 0o600
+
+
+def test_capacity_bounds_the_file_and_keeps_the_newest(traced, tmp_path):
+    traced(level=3, trace_file_size=64 * 1024)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda x, i: x)
+    for i in range(3000):
+        kernel(torch.ones(2), i=i)
+    path = trace_path(tmp_path)
+    assert path.stat().st_size == fmt.HEADER_SIZE + 64 * 1024
+    contents = sok.read_trace_file(path)
+    calls = [s.attributes[K + "input.i"] for s in contents.spans if not s.in_flight]
+    assert 30 < len(calls) < 3000
+    assert calls == list(range(3000 - len(calls), 3000))  # the newest, none missing
+    assert all(not s.in_flight for s in contents.spans[1:])
+
+
+def test_torn_and_damaged_records_are_skipped(traced, tmp_path):
+    traced(level=3)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda x, i: x)
+    for i in range(10):
+        kernel(torch.ones(2), i=i)
+    path = trace_path(tmp_path)
+    data = bytearray(path.read_bytes())
+    magic = struct.pack("<I", fmt.RECORD_MAGIC)
+    offsets = [i for i in range(fmt.HEADER_SIZE, len(data), 8) if data[i : i + 4] == magic]
+    # Records: the thread's, then start and end of each call. A crash in
+    # mid-copy leaves a payload's tail missing: tear the end record of call 4
+    # and the start record of call 6.
+    for torn in (offsets[2 + 2 * 4], offsets[1 + 2 * 6]):
+        length = struct.unpack_from("<I", data, torn + 4)[0]
+        data[torn + 24 + length // 2 : torn + 24 + length] = bytes(length - length // 2)
+    path.write_bytes(bytes(data))
+    contents = sok.read_trace_file(path)
+    assert contents.skipped == 2
+    assert "2 record(s) torn" in contents.problems[0]
+    by_call = {s.attributes[K + "input.i"]: s for s in contents.spans}
+    assert sorted(by_call) == list(range(10))
+    assert by_call[4].in_flight  # its start record survived, its end did not
+    assert by_call[6].end_time is not None and by_call[6].status_code == "UNSET"
+    assert not any(s.in_flight for i, s in by_call.items() if i != 4)
+    # An end record alone holds the whole span.
+    assert by_call[6].attributes[K + "input.arg0.shape"] == (2,)
+
+
+def test_truncated_file_keeps_what_is_there(traced, tmp_path):
+    traced(level=1)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda: None)
+    for _ in range(50):
+        kernel()
+    path = trace_path(tmp_path)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.sgltrace"
+    cut.write_bytes(data[: fmt.HEADER_SIZE + 3000])
+    contents = sok.read_trace_file(cut)
+    assert "file truncated" in contents.problems[0]
+    assert 5 < len(contents.spans) < 50
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        (b"", "empty file"),
+        (b"hello, world\n" * 100, "not a sglang-otel-kernels trace file"),
+        (b"SOKTRACE\x01", "truncated inside its header"),
+        (fmt.HEADER_PREFIX.pack(fmt.MAGIC, 99, fmt.HEADER_SIZE, 1024, 0), "format 99"),
+    ],
+)
+def test_unreadable_files_say_what_is_wrong(tmp_path, content, message):
+    path = tmp_path / "bad.sgltrace"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(sok.TraceFileError, match=message):
+        sok.read_trace(path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_otel_kernels", "export", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr
+
+
+def test_random_garbage_never_crashes_the_reader(tmp_path):
+    import random
+
+    rng = random.Random(7)
+    header = fmt.HEADER_PREFIX.pack(fmt.MAGIC, fmt.FORMAT_VERSION, fmt.HEADER_SIZE, 1 << 16, 2) + b"{}"
+    magic = struct.pack("<I", fmt.RECORD_MAGIC)
+    for _ in range(30):
+        ring = bytearray(rng.randbytes(1 << 16))
+        for offset in range(0, len(ring), 512):  # plausible-looking record headers
+            ring[offset : offset + 4] = magic
+        path = tmp_path / "garbage.sgltrace"
+        path.write_bytes(header.ljust(fmt.HEADER_SIZE, b"\0") + bytes(ring))
+        contents = sok.read_trace_file(path)
+        assert contents.spans == [] and contents.skipped > 0
+
+
+def test_many_threads_never_corrupt_records(traced, tmp_path):
+    traced(level=3)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda x, t, i: x)
+    barrier = threading.Barrier(8)
+
+    def work(t):
+        barrier.wait()
+        for i in range(250):
+            kernel(torch.ones(3), t=t, i=i)
+
+    threads = [threading.Thread(target=work, args=(t,), name=f"worker-{t}") for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    contents = sok.read_trace_file(trace_path(tmp_path))
+    assert contents.skipped == 0
+    seen = {(s.attributes[K + "input.t"], s.attributes[K + "input.i"]) for s in contents.spans}
+    assert seen == {(t, i) for t in range(8) for i in range(250)}
+    assert all(s.thread_name == f"worker-{s.attributes[K + 'input.t']}" for s in contents.spans)
+
+
+def test_fork_child_writes_its_own_file(traced, tmp_path):
+    traced(level=3)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda who: None)
+    kernel("parent-before")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for _ in range(20):
+                kernel("child")
+            os.write(write_fd, (sok.trace_file_path() or "").encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    child_path = os.read(read_fd, 4096).decode()
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    kernel("parent-after")
+    parent = sok.read_trace_file(trace_path(tmp_path))
+    assert parent.skipped == 0
+    assert [s.attributes[K + "input.arg0"] for s in parent.spans] == ["parent-before", "parent-after"]
+    assert child_path == str(tmp_path / f"trace_{pid}.sgltrace")
+    child = sok.read_trace_file(child_path)
+    assert child.metadata["pid"] == pid and child.metadata["forked_from"] == os.getpid()
+    assert [s.attributes[K + "input.arg0"] for s in child.spans] == ["child"] * 20
+
+
+def test_fork_child_of_a_fixed_path_gets_a_suffixed_file(record, tmp_path):
+    record(level=1)
+    sok.configure(trace_file=str(tmp_path / "fixed.sgltrace"))
+    kernel = sok.debug_kernel_api(op_name="k")(lambda: None)
+    kernel()
+    pid = os.fork()
+    if pid == 0:
+        kernel()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert len(sok.read_trace(tmp_path / "fixed.sgltrace")) == 1
+    assert len(sok.read_trace(tmp_path / f"fixed.{pid}.sgltrace")) == 1
+
+
+def test_ranks_get_their_own_files(tmp_path):
+    script = (
+        "import torch, sglang_otel_kernels as sok\n"
+        "k = sok.debug_kernel_api(op_name='k')(lambda x: x)\n"
+        "for _ in range(5): k(torch.ones(1))\n"
+        "print(sok.trace_file_path())\n"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "OTEL_"))},
+                 "SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_LOGDEST": "off",
+                 "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3"},
+        )
+        for rank in range(3)
+    ]
+    paths = [proc.communicate(timeout=120)[0].strip() for proc in procs]
+    assert len(set(paths)) == 3
+    for rank, path in enumerate(paths):
+        contents = sok.read_trace_file(path)
+        assert contents.metadata["ranks"] == {"rank": str(rank), "local_rank": str(rank), "world_size": "3"}
+        assert contents.metadata["resource"]["sglang.rank"] == rank
+        assert os.path.basename(path) == f"sglang_kernel_trace_{contents.metadata['pid']}.sgltrace"
+        assert len(contents.spans) == 5
+
+
+@pytest.mark.parametrize("where", ["missing-dir/t.sgltrace", "a-file/t.sgltrace", "."])
+def test_unwritable_path_warns_once_and_calls_go_on(traced, tmp_path, capsys, where):
+    (tmp_path / "a-file").write_text("not a directory")
+    exporter = traced(level=3)
+    sok.configure(trace_file=str(tmp_path / where))
+    kernel = sok.debug_kernel_api(op_name="k")(lambda x: x * 2)
+    assert [kernel(i) for i in range(5)] == [0, 2, 4, 6, 8]
+    err = capsys.readouterr().err
+    assert err.count("cannot create the trace file") == 1
+    assert len(exporter.get_finished_spans()) == 5
+    assert sok.trace_file_path() is None
+
+
+def test_full_disk_warns_once_and_calls_go_on(traced, tmp_path, capsys, monkeypatch):
+    def no_space(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    exporter = traced(level=1)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda: 42)
+    assert [kernel() for _ in range(3)] == [42, 42, 42]
+    err = capsys.readouterr().err
+    assert err.count("No space left on device") == 1
+    assert len(exporter.get_finished_spans()) == 3
+
+
+def test_fsync_option_writes_readable_records(traced, tmp_path):
+    traced(level=1, trace_file_fsync=True)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda: None)
+    for _ in range(20):
+        kernel()
+    assert len(sok.read_trace(trace_path(tmp_path))) == 20
+
+
+def test_trace_file_off_writes_nothing(record, tmp_path):
+    record(level=3)
+    sok.configure(trace_file="off")
+    sok.debug_kernel_api(op_name="k")(lambda: None)()
+    assert sok.trace_file_path() is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_path_is_per_process_in_the_working_directory(tmp_path):
+    script = (
+        "import os, sglang_otel_kernels as sok\n"
+        "sok.debug_kernel_api(op_name='k')(lambda: None)()\n"
+        "print(os.getpid(), sok.trace_file_path())\n"
+    )
+    proc = run_python(script, tmp_path, {"SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_LOGDEST": "off"})
+    pid, path = proc.stdout.split()
+    assert path == str(tmp_path / f"sglang_kernel_trace_{pid}.sgltrace")
+    assert len(sok.read_trace(path)) == 1
+
+
+def test_export_writes_otlp_json_lines(traced, provider, tmp_path):
+    traced(level=5)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda x: x / 0)
+    with provider.get_tracer("server").start_as_current_span("Req"):
+        kernel(torch.tensor([1.0, -1.0]))
+    path = trace_path(tmp_path)
+    out = tmp_path / "spans.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_otel_kernels", "export", str(path), "--format", "otlp-json", "-o", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (line,) = out.read_text().splitlines()
+    request = json.loads(line)
+    (resource_spans,) = request["resourceSpans"]
+    resource = {a["key"]: a["value"] for a in resource_spans["resource"]["attributes"]}
+    assert resource["process.pid"] == {"intValue": str(os.getpid())}
+    spans = {s["name"]: s for scope in resource_spans["scopeSpans"] for s in scope["spans"]}
+    recovered = {s.name: s for s in sok.read_trace(path)}
+    kernel_span = spans["k"]
+    assert kernel_span["traceId"] == f"{recovered['k'].trace_id:032x}"
+    assert kernel_span["parentSpanId"] == spans["Req"]["spanId"]
+    assert kernel_span["kind"] == 1 and kernel_span["startTimeUnixNano"] == str(recovered["k"].start_time)
+    attributes = {a["key"]: a["value"] for a in kernel_span["attributes"]}
+    assert attributes[K + "output.max"] == {"doubleValue": "Infinity"}
+    assert attributes[K + "input.arg0.shape"] == {"arrayValue": {"values": [{"intValue": "2"}]}}
+    assert kernel_span["events"][0]["name"] == "nonfinite_output"
+    # Apart from OTLP's hex ids, it is the protobuf JSON mapping of the OTLP messages.
+    for scope in resource_spans["scopeSpans"]:
+        for span in scope["spans"]:
+            for key in ("traceId", "spanId", "parentSpanId"):
+                if key in span:
+                    span[key] = __import__("base64").b64encode(bytes.fromhex(span[key])).decode()
+    message = json_format.ParseDict(request, ExportTraceServiceRequest())
+    assert len(message.resource_spans[0].scope_spans[0].spans) + len(message.resource_spans[0].scope_spans) >= 2
+
+
+def test_export_marks_in_flight_spans(tmp_path):
+    script = (
+        "import os, sglang_otel_kernels as sok\n"
+        "sok.configure(level=3, log_dest='off', trace_file='t.sgltrace')\n"
+        "sok.debug_kernel_api(op_name='dies')(lambda x: os._exit(1))(5)\n"
+    )
+    run_python(script, tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_otel_kernels", "export", "t.sgltrace"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    span = json.loads(proc.stdout)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert span["name"] == "dies"
+    assert span["status"]["code"] == 2 and "process ended" in span["status"]["message"]
+    attributes = {a["key"]: a["value"] for a in span["attributes"]}
+    assert attributes["sglang.kernel.in_flight"] == {"boolValue": True}
+    assert attributes["sglang.kernel.input.arg0"] == {"intValue": "5"}
+    assert int(span["endTimeUnixNano"]) >= int(span["startTimeUnixNano"])
