@@ -16,8 +16,10 @@ Layout (all integers little-endian):
     ring     (capacity bytes)     records at 8-byte aligned offsets
 
     record   u32 RECORD_MAGIC, u32 payload length, u64 sequence number,
-             u32 CRC-32 of the payload, u32 reserved, payload (marshal),
-             padding to 8 bytes
+             u32 CRC-32 of the payload, u32 encoding, payload, padding to 8
+             bytes; encoding 0: a marshal tuple (START, END or THREAD
+             record), 1: COMPACT_END, the end of a span whose attributes did
+             not change and that has no events (span id, end time, status)
 
 When a record does not fit before the end of the ring, writing continues at
 its start, over the oldest records; a record partly overwritten, or torn by a
@@ -46,6 +48,9 @@ HEADER_SIZE = 65536
 HEADER_PREFIX = struct.Struct("<8sIIQI")
 RECORD_MAGIC = 0x524B4F53  # b"SOKR"
 RECORD_HEADER = struct.Struct("<IIQII")
+ENCODING_MARSHAL = 0
+ENCODING_COMPACT_END = 1
+COMPACT_END = struct.Struct("<QqB")  # span id, end time, status code
 ALIGN = 8
 MARSHAL_VERSION = 4
 
@@ -175,30 +180,42 @@ class TraceFileWriter:
 
     # -- writing ---------------------------------------------------------
 
-    def append(self, record: tuple) -> None:
-        """Writes one record; a failure to encode it drops it (counted)."""
+    def append(self, record: tuple, _dumps=marshal.dumps) -> None:
+        """Writes one record tuple (thread-safe, never raises)."""
         if self.failed:
             return
         try:
-            payload = marshal.dumps(record, MARSHAL_VERSION)
+            payload = _dumps(record, MARSHAL_VERSION)
         except ValueError:
             payload = _marshal_with_reprs(record)
-        size = RECORD_HEADER.size + len(payload)
-        padded = size + (-size) % ALIGN
+        self._write(ENCODING_MARSHAL, payload)
+
+    def append_end(self, span_id: int, end_time: int, status: int) -> None:
+        """The end of a span that added nothing but its end time and status."""
+        if not self.failed:
+            self._write(ENCODING_COMPACT_END, COMPACT_END.pack(span_id, end_time, status))
+
+    def _write(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
+        # The defaults bind what this needs as locals: it runs twice per kernel call.
+        length = len(payload)
+        size = RECORD_HEADER.size + length
+        padded = (size + ALIGN - 1) & -ALIGN
         if padded > self.capacity:
             self.dropped += 1
             return
+        crc = _crc(payload)
         with self._lock:
-            if self._view is None and not self._open():
-                return
+            view = self._view
+            if view is None:
+                if not self._open():
+                    return
+                view = self._view
             sequence = self._sequence = self._sequence + 1
             offset = self._offset
             if offset + padded > self.capacity:
                 offset = 0
             start = HEADER_SIZE + offset
-            self._view[start : start + size] = (
-                RECORD_HEADER.pack(RECORD_MAGIC, len(payload), sequence, zlib.crc32(payload), 0) + payload
-            )
+            view[start : start + size] = _pack(RECORD_MAGIC, length, sequence, crc, encoding) + payload
             self._offset = offset + padded
             if self.fsync:
                 page = start - start % mmap.PAGESIZE

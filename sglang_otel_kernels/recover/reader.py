@@ -23,8 +23,9 @@ IN_FLIGHT = "sglang.kernel.in_flight"
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
 STATUS_NAMES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 _RECORD_MAGIC_BYTES = struct.pack("<I", fmt.RECORD_MAGIC)
-_START_FIELDS = 14
-_END_FIELDS = 18
+_COMPACT_END = "e"
+_START_FIELDS = 13
+_END_FIELDS = 8
 
 
 class TraceFileError(Exception):
@@ -108,7 +109,9 @@ def _parse(path: str, data) -> TraceFileContents:
     records, skipped = _scan(data, header_size, ring_end)
     if skipped:
         problems.append(f"{skipped} record(s) torn by a crash or partly overwritten were skipped")
-    spans, last_time = _assemble(records)
+    spans, last_time, orphans = _assemble(records)
+    if orphans:
+        problems.append(f"{orphans} span end(s) whose start was overwritten by newer records were left out")
     return TraceFileContents(path, metadata, spans, len(records), skipped, problems, last_time)
 
 
@@ -138,10 +141,10 @@ def _scan(data, base: int, end: int) -> tuple[list[tuple], int]:
             continue
         if found + header.size > end:
             break
-        _, length, sequence, crc, _ = header.unpack_from(data, found)
+        _, length, sequence, crc, encoding = header.unpack_from(data, found)
         payload_start = found + header.size
         payload = data[payload_start : payload_start + length] if payload_start + length <= end else b""
-        record = _decode(payload, crc) if len(payload) == length and length else None
+        record = _decode(payload, crc, encoding) if len(payload) == length and length else None
         if record is None:
             skipped += 1
             position = found + fmt.ALIGN
@@ -153,8 +156,15 @@ def _scan(data, base: int, end: int) -> tuple[list[tuple], int]:
     return [record for _, record in records], skipped
 
 
-def _decode(payload: bytes, crc: int):
+def _decode(payload: bytes, crc: int, encoding: int):
     if zlib.crc32(payload) != crc:
+        return None
+    if encoding == fmt.ENCODING_COMPACT_END:
+        if len(payload) != fmt.COMPACT_END.size:
+            return None
+        span_id, end_time, status = fmt.COMPACT_END.unpack(payload)
+        return (_COMPACT_END, span_id, end_time, status)
+    if encoding != fmt.ENCODING_MARSHAL:
         return None
     try:
         record = marshal.loads(payload)
@@ -163,58 +173,76 @@ def _decode(payload: bytes, crc: int):
     if not isinstance(record, tuple) or not record:
         return None
     kind = record[0]
-    if kind == fmt.THREAD and len(record) == 3:
+    if kind == fmt.THREAD and len(record) == 3 and isinstance(record[1], int):
         return record
-    if kind == fmt.START and len(record) == _START_FIELDS and _well_formed(record):
+    if kind == fmt.START and len(record) == _START_FIELDS and _well_formed_start(record):
         return record
-    if kind == fmt.END and len(record) == _END_FIELDS and _well_formed(record):
+    if kind == fmt.END and len(record) == _END_FIELDS and _well_formed_end(record):
         return record
     return None
 
 
-def _well_formed(record: tuple) -> bool:
-    ints = (record[1], record[2], record[3], record[5], record[6], record[7])
+def _well_formed_start(record: tuple) -> bool:
+    _, trace_id, span_id, parent_id, name, kind, start, thread, scope, attributes, links, flags, remote = record
     return (
-        all(isinstance(value, int) for value in ints)
-        and isinstance(record[4], str)
-        and isinstance(record[10], dict)
-        and isinstance(record[11], tuple)
+        all(isinstance(value, int) for value in (trace_id, span_id, parent_id, kind, start, thread, flags))
+        and isinstance(name, str)
+        and isinstance(scope, tuple) and len(scope) == 2
+        and isinstance(attributes, dict)
+        and isinstance(links, tuple)
     )
 
 
-def _assemble(records: list[tuple]) -> tuple[list[RecoveredSpan], int]:
+def _well_formed_end(record: tuple) -> bool:
+    _, trace_id, span_id, end_time, status, description, events, attributes = record
+    return (
+        all(isinstance(value, int) for value in (trace_id, span_id, end_time, status))
+        and isinstance(description, str)
+        and isinstance(events, tuple)
+        and isinstance(attributes, dict)
+    )
+
+
+def _assemble(records: list[tuple]) -> tuple[list[RecoveredSpan], int, int]:
+    """Pairs start and end records by span id. An end whose start was
+    overwritten (the oldest edge of the ring) cannot be shown and is counted."""
     threads: dict[int, str] = {}
-    starts: dict[tuple[int, int], tuple] = {}
-    ends: dict[tuple[int, int], tuple] = {}
-    order: dict[tuple[int, int], int] = {}
+    starts: dict[int, tuple] = {}
+    ends: dict[int, tuple] = {}
     last_time = 0
-    for index, record in enumerate(records):
+    for record in records:
         kind = record[0]
         if kind == fmt.THREAD:
             threads[record[1]] = str(record[2])
-            continue
-        key = (record[1], record[2])
-        order.setdefault(key, index)
-        (starts if kind == fmt.START else ends)[key] = record
-        last_time = max(last_time, record[6], record[14] if kind == fmt.END and record[14] else 0)
-    spans = []
-    for key in sorted(order, key=order.__getitem__):
-        end = ends.get(key)
-        spans.append(_span(end if end is not None else starts[key], end is not None, threads))
+        elif kind == fmt.START:
+            starts[record[2]] = record
+            last_time = max(last_time, record[6])
+        elif kind == fmt.END:
+            ends[record[2]] = record
+            last_time = max(last_time, record[3])
+        else:  # compact end: (kind, span id, end time, status)
+            ends[record[1]] = record
+            last_time = max(last_time, record[2])
+    orphans = sum(1 for span_id in ends if span_id not in starts)
+    spans = [_span(start, ends.get(span_id), threads) for span_id, start in starts.items()]
     spans.sort(key=lambda span: span.start_time)
-    return spans, last_time
+    return spans, last_time, orphans
 
 
-def _span(record: tuple, ended: bool, threads: dict[int, str]) -> RecoveredSpan:
-    (_, trace_id, span_id, parent_id, name, kind, start, thread, scope, scope_version,
-     attributes, links, flags, parent_remote) = record[:_START_FIELDS]
+def _span(start: tuple, end: tuple | None, threads: dict[int, str]) -> RecoveredSpan:
+    (_, trace_id, span_id, parent_id, name, kind, start_time, thread, (scope, scope_version),
+     attributes, links, flags, parent_remote) = start
     attributes = dict(attributes)
-    if ended:
-        end_time, status, description, events = record[_START_FIELDS:]
-        status_name = STATUS_NAMES.get(status, "UNSET")
-    else:
-        end_time, status_name, description, events = None, "ERROR", IN_FLIGHT_DESCRIPTION, ()
+    events: tuple = ()
+    if end is None:
+        end_time, status_name, description = None, "ERROR", IN_FLIGHT_DESCRIPTION
         attributes[IN_FLIGHT] = True
+    elif end[0] == _COMPACT_END:
+        end_time, status_name, description = end[2], STATUS_NAMES.get(end[3], "UNSET"), ""
+    else:
+        _, _, _, end_time, status, description, events, attributes = end
+        status_name = STATUS_NAMES.get(status, "UNSET")
+        attributes = dict(attributes)
     return RecoveredSpan(
         name=name,
         trace_id=trace_id,
@@ -222,7 +250,7 @@ def _span(record: tuple, ended: bool, threads: dict[int, str]) -> RecoveredSpan:
         parent_span_id=parent_id,
         parent_is_remote=bool(parent_remote),
         kind=kind,
-        start_time=start,
+        start_time=start_time,
         end_time=end_time,
         status_code=status_name,
         status_description=description,
@@ -234,5 +262,5 @@ def _span(record: tuple, ended: bool, threads: dict[int, str]) -> RecoveredSpan:
         scope_name=scope,
         scope_version=scope_version,
         trace_flags=flags,
-        in_flight=not ended,
+        in_flight=end is None,
     )
