@@ -39,18 +39,27 @@ for _index, _shape in enumerate([(4, 4096), (4096,)]):
 LEVEL3["sglang.kernel.input.eps"] = 1e-5
 
 
-def per_span_us(tracer, attributes: dict, spans: int, repeats: int) -> float:
-    def burst(count: int) -> None:
-        for _ in range(count):
-            tracer.start_span("sglang.custom_op.rmsnorm", attributes=attributes).end()
+def burst_us(tracer, attributes: dict, spans: int) -> float:
+    start = time.perf_counter()
+    for _ in range(spans):
+        tracer.start_span("sglang.custom_op.rmsnorm", attributes=attributes).end()
+    return (time.perf_counter() - start) / spans * 1e6
 
-    burst(min(spans, 1000))
-    samples = []
+
+def side_by_side(bare, recorded, attributes: dict, spans: int, repeats: int) -> tuple[float, float, float]:
+    """Alternates bursts without and with the file, so that drift in the
+    machine's speed hits both alike; returns the medians and the median of
+    the per-pair differences."""
+    burst_us(bare, attributes, min(spans, 1000))
+    burst_us(recorded, attributes, min(spans, 1000))
+    without, with_file, added = [], [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        burst(spans)
-        samples.append((time.perf_counter() - start) / spans * 1e6)
-    return statistics.median(samples)
+        a = burst_us(bare, attributes, spans)
+        b = burst_us(recorded, attributes, spans)
+        without.append(a)
+        with_file.append(b)
+        added.append(b - a)
+    return statistics.median(without), statistics.median(with_file), statistics.median(added)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,26 +77,22 @@ def main(argv: list[str] | None = None) -> int:
     def writer(name: str, **kwargs) -> tracefile.TraceFileWriter:
         return tracefile.TraceFileWriter(os.path.join(directory, name), capacity=4 << 20, **kwargs)
 
-    run = lambda tracer, attributes: per_span_us(tracer, attributes, options.spans, options.repeats)  # noqa: E731
     rows = []
     for label, attributes in (("level-1 span (3 attributes)", LEVEL1), ("level-3 span (16 attributes)", LEVEL3)):
         processor.set_writer(writer(f"{len(attributes)}.sgltrace"))
-        without = run(bare, attributes)
-        with_file = run(recorded, attributes)
-        rows.append((label, without, with_file))
+        rows.append((label, *side_by_side(bare, recorded, attributes, options.spans, options.repeats)))
     # The ring above wrapped already: 4 MiB holds far fewer spans than were timed.
     wrapped = processor.current_writer()
     assert wrapped is not None and wrapped._sequence * 200 > wrapped.capacity
     processor.set_writer(writer("fsync.sgltrace", fsync=True))
     fsync_spans = max(options.spans // 20, 200)
-    without = per_span_us(bare, LEVEL1, fsync_spans, options.repeats)
-    rows.append(("level-1 span, fsync=True", without, per_span_us(recorded, LEVEL1, fsync_spans, options.repeats)))
+    rows.append(("level-1 span, fsync=True", *side_by_side(bare, recorded, LEVEL1, fsync_spans, options.repeats)))
     processor.set_writer(None)
 
     print(f"python {sys.version.split()[0]}, {options.spans} spans x {options.repeats} repeats, medians")
     print(f"{'span':30s} {'no file us':>11s} {'with file us':>13s} {'added us':>9s} {'ratio':>6s}")
-    for label, without, with_file in rows:
-        print(f"{label:30s} {without:11.2f} {with_file:13.2f} {with_file - without:9.2f} {with_file / without:6.2f}")
+    for label, without, with_file, added in rows:
+        print(f"{label:30s} {without:11.2f} {with_file:13.2f} {added:9.2f} {with_file / without:6.2f}")
     print(f"records written to the level-3 file: {wrapped._sequence} into a 4 MiB ring (wrapped)")
     return 0
 

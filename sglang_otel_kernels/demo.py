@@ -1,17 +1,15 @@
 """A tiny decode step with decorated kernels, one request of which carries an
 out-of-range token id (the SGLang tutorial's reproducer; on the CPU the
 embedding raises instead of a device-side assert). Prints SGLang's text log,
-then the spans as the back end would show them."""
+then reads the crash-safe trace file back and shows its spans as a tree."""
 
 from __future__ import annotations
 
 import torch
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
-from . import configure, debug_kernel_api
+from . import configure, debug_kernel_api, read_trace_file, trace_file_path
 
 VOCAB, HIDDEN = 32, 8
 K = "sglang.kernel."
@@ -46,27 +44,24 @@ def build_model():
 def _print_tree(spans) -> None:
     children: dict = {}
     for span in spans:
-        children.setdefault(span.parent.span_id if span.parent else None, []).append(span)
+        children.setdefault(span.parent_span_id, []).append(span)
 
     def show(span, depth: int) -> None:
-        status = "ERROR " + (span.status.description or "") if span.status.status_code is StatusCode.ERROR else "ok"
+        status = f"ERROR {span.status_description}" if span.status_code == "ERROR" else "ok"
         shape = span.attributes.get(K + "input.arg0.shape")
         detail = f" arg0.shape={list(shape)}" if shape is not None else ""
         print(f"  {'  ' * depth}{span.name}{detail}  [{status}]")
-        for child in sorted(children.get(span.context.span_id, []), key=lambda s: s.start_time):
+        for child in children.get(span.span_id, []):
             show(child, depth + 1)
 
-    for root in sorted(children.get(None, []), key=lambda s: s.start_time):
+    for root in children.get(0, []):
         show(root, 0)
 
 
 def run(level: int = 3) -> int:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    configure(level=level, log_dest="stdout", tracer_provider=provider)
+    configure(level=level, log_dest="stdout")
     decode_step = build_model()
-    tracer = provider.get_tracer("demo.server")
+    tracer = trace.get_tracer("demo.server")
     requests = {"req-0001": [1, 2, 3], "req-0002": [4, 5], "req-0003": [6, VOCAB + 7]}
     failed = []
     for rid, tokens in requests.items():
@@ -76,9 +71,12 @@ def run(level: int = 3) -> int:
             except IndexError as exc:
                 request.set_status(StatusCode.ERROR, str(exc))
                 failed.append(rid)
-    print()
-    print(f"Spans recorded ({len(exporter.get_finished_spans())}):")
-    _print_tree(exporter.get_finished_spans())
+    path = trace_file_path()
+    if path is None:
+        print("\nNo trace file (SGLANG_KERNEL_API_TRACEFILE=off, or it could not be created).")
+        return 0
+    contents = read_trace_file(path)
+    print(f"\nTrace file {path}: {len(contents.spans)} spans")
+    _print_tree(contents.spans)
     print(f"\nFailed requests: {', '.join(failed) or 'none'}")
-    provider.shutdown()
     return 0
