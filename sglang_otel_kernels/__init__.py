@@ -22,15 +22,24 @@ from .recover.reader import RecoveredSpan, TraceFileContents, TraceFileError, re
 
 if TYPE_CHECKING:
     from .capture.decorator import debug_kernel_api, debug_torch_op, wrap_method_with_debug_kernel_once
+    from .capture.requests import extract, forward_batch, inject
 
-_CAPTURE = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
+# name -> module under capture/, loaded on first use (they import torch)
+_CAPTURE = {
+    "debug_kernel_api": "decorator",
+    "debug_torch_op": "decorator",
+    "wrap_method_with_debug_kernel_once": "decorator",
+    "forward_batch": "requests",
+    "inject": "requests",
+    "extract": "requests",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _CAPTURE:
-        from .capture import decorator
+        import importlib
 
-        return getattr(decorator, name)
+        return getattr(importlib.import_module(f"{__name__}.capture.{_CAPTURE[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -43,7 +52,10 @@ __all__ = [
     "configure",
     "debug_kernel_api",
     "debug_torch_op",
+    "extract",
+    "forward_batch",
     "get_config",
+    "inject",
     "read_trace",
     "read_trace_file",
     "trace_file_path",

@@ -16,14 +16,16 @@ import sys
 from typing import Any, Callable, TypeVar, overload
 
 import torch
+from opentelemetry import trace
 
 from .. import config as _config
+from .._version import __version__
 from ..describe.statistics import fill_statistics
 from ..describe.values import describe, tensors_in
 from ..record import attributes as _attrs
 from ..record.processor import set_writer
 from ..record.setup import make_writer
-from ..record.spans import SpanRecorder
+from ..record.spans import TRACER_NAME, SpanRecorder
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import is_compiling
 from .naming import infer_api_name, takes_self_first
@@ -73,6 +75,15 @@ def _after_fork_in_child() -> None:
 _config.on_change(_reconfigure)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def kernel_tracer():
+    """The tracer kernel spans use (the global one when spans are off), so that
+    batch and request spans land beside them."""
+    spans = _runtime.spans
+    if spans is None:
+        return trace.get_tracer(TRACER_NAME, __version__)
+    return spans.tracer or spans.setup()
 
 
 def _warn_once(what: str, exc: BaseException) -> None:

@@ -1,4 +1,4 @@
-"""Tracing set-up, done once, on the first kernel span.
+"""Tracing set-up, done once: on the first kernel span, or at `configure()`.
 
 The application's TracerProvider is reused when it has one (our trace-file
 processor is added to it; its exporters are left alone). Otherwise an SDK
@@ -17,10 +17,11 @@ import weakref
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from .. import config as _config
 from .._version import __version__
-from . import processor, tracefile
+from . import export, processor, tracefile
 
 _attached: "weakref.WeakSet" = weakref.WeakSet()
 _warned_foreign = False
@@ -44,14 +45,28 @@ def default_resource() -> Resource:
 
 
 def resolve_provider(configured):
-    """The provider kernel spans go to, with the trace-file processor on it."""
+    """The provider kernel spans go to, with the trace-file processor on it:
+    the one given to `configure`, else the application's global one, else a
+    new one installed as the global provider."""
     provider = configured
     if provider is None:
         provider = trace.get_tracer_provider()
         if isinstance(provider, trace.ProxyTracerProvider):
-            trace.set_tracer_provider(SDKTracerProvider(resource=default_resource()))
+            trace.set_tracer_provider(own_provider())
             provider = trace.get_tracer_provider()
     attach_trace_file(provider)
+    return provider
+
+
+def own_provider() -> SDKTracerProvider:
+    """Samples everything, so the trace file keeps every call; OTLP export, when
+    an endpoint is set, samples by OTEL_TRACES_SAMPLER on its own."""
+    provider = SDKTracerProvider(resource=default_resource(), sampler=ALWAYS_ON)
+    if export.otlp_endpoint() is not None:
+        try:
+            provider.add_span_processor(export.ExportProcessor(export.otlp_exporter()))
+        except Exception as exc:
+            print(f"sglang_otel_kernels: OTLP export not set up ({type(exc).__name__}: {exc})", file=sys.stderr)
     return provider
 
 

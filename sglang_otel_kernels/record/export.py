@@ -1,0 +1,209 @@
+"""OTLP export beside the trace file, configured by the standard OTEL_* variables.
+
+The kernel path never waits on the network: ended spans go to the SDK's
+BatchSpanProcessor (a bounded queue drained by a background thread with the
+official OTLP exporter). When the queue is full (a collector down or slow),
+spans are dropped here, before the SDK would log a warning for each one, and
+the drops are counted and reported once. Sampling (OTEL_TRACES_SAMPLER) is
+applied here, at export, so that the trace file keeps every call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+from typing import Mapping
+
+from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, TraceIdRatioBased
+
+ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+DEFAULT_MAX_QUEUE = 2048
+_processors: "weakref.WeakSet[ExportProcessor]" = weakref.WeakSet()
+
+
+def _report(message: str) -> None:
+    print(f"sglang_otel_kernels: {message}", file=sys.stderr)
+
+
+def otlp_endpoint(environ: Mapping[str, str] = os.environ) -> str | None:
+    for name in ENDPOINT_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def otlp_protocol(environ: Mapping[str, str] = os.environ) -> str:
+    """grpc (the Python SDK's and SGLang's default) or http/protobuf."""
+    value = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    ).strip().lower()
+    if value not in ("grpc", "http/protobuf"):
+        _report(f"OTLP protocol {value!r} is not supported (grpc or http/protobuf); using grpc")
+        return "grpc"
+    return value
+
+
+def otlp_exporter(environ: Mapping[str, str] = os.environ) -> SpanExporter:
+    """The official exporter; it reads the endpoint, headers, TLS, compression
+    and timeout from the same standard variables itself."""
+    if otlp_protocol(environ) == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    return OTLPSpanExporter()
+
+
+class ExportSampler:
+    """OTEL_TRACES_SAMPLER's decision, made when a span ends.
+
+    The provider itself samples everything (so the trace file sees every
+    call); this decides what goes to OTLP. Ratio decisions depend on the trace
+    id only, so a trace is kept or dropped whole; a parent-based sampler
+    follows a remote parent's sampled flag (the client's traceparent).
+    """
+
+    def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
+        name = environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+        argument = environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+        self.parent_based = name.startswith("parentbased_")
+        root = name.removeprefix("parentbased_")
+        if root == "always_on":
+            self.root = ALWAYS_ON
+        elif root == "always_off":
+            self.root = ALWAYS_OFF
+        elif root == "traceidratio":
+            try:
+                ratio = float(argument) if argument else 1.0
+                if not 0.0 <= ratio <= 1.0:
+                    raise ValueError
+            except ValueError:
+                _report(f"OTEL_TRACES_SAMPLER_ARG={argument!r} is not a ratio in [0, 1]; using 1.0")
+                ratio = 1.0
+            self.root = TraceIdRatioBased(ratio)
+        else:
+            _report(f"OTEL_TRACES_SAMPLER={name!r} is not supported here; exporting every span")
+            self.parent_based, self.root = False, ALWAYS_ON
+        self.keeps_all = self.root is ALWAYS_ON and not self.parent_based
+
+    def keep(self, span) -> bool:
+        if self.keeps_all:
+            return True
+        parent = span.parent
+        if self.parent_based and parent is not None and parent.is_remote:
+            return parent.trace_flags.sampled
+        result = self.root.should_sample(None, span.context.trace_id, span.name)
+        return result.decision.is_sampled()
+
+
+class _CountingExporter(SpanExporter):
+    """Counts what reaches the exporter, so the queue's fill is known without
+    reaching into the batch processor, and notices failed exports."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+        self.taken = 0
+        self.failed = 0
+        self._failure_reported = False
+
+    def export(self, spans) -> SpanExportResult:
+        self.taken += len(spans)
+        try:
+            result = self.exporter.export(spans)
+        except Exception as exc:  # the SDK would log it per batch
+            result = SpanExportResult.FAILURE
+            detail = f"{type(exc).__name__}: {exc}"
+        else:
+            detail = "the receiver refused or did not answer"
+        if result is not SpanExportResult.SUCCESS:
+            self.failed += len(spans)
+            if not self._failure_reported:
+                self._failure_reported = True
+                _report(
+                    f"OTLP export failed ({detail}); spans that cannot be sent are dropped and counted, "
+                    "kernel calls go on (the trace file keeps them)"
+                )
+        return result
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
+
+
+class ExportProcessor(SpanProcessor):
+    """Samples, then hands spans to a BatchSpanProcessor, dropping (and
+    counting) instead of queueing past its capacity."""
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        sampler: ExportSampler | None = None,
+        max_queue_size: int | None = None,
+        **batch_options,
+    ) -> None:
+        if max_queue_size is None:
+            try:
+                max_queue_size = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_MAX_QUEUE))
+            except ValueError:
+                max_queue_size = DEFAULT_MAX_QUEUE
+        self.max_queue_size = max_queue_size
+        self.sampler = sampler or ExportSampler()
+        self.exporter = _CountingExporter(exporter)
+        self.batch = BatchSpanProcessor(self.exporter, max_queue_size=max_queue_size, **batch_options)
+        self.handed = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._drop_reported = False
+        _processors.add(self)
+
+    def after_fork_in_child(self) -> None:
+        # The batch processor empties its queue in the child: so does the count.
+        self._lock = threading.Lock()
+        self.handed = self.exporter.taken
+
+    def on_start(self, span, parent_context=None) -> None:
+        pass
+
+    def on_end(self, span) -> None:
+        if not self.sampler.keep(span):
+            return
+        with self._lock:
+            full = self.handed - self.exporter.taken >= self.max_queue_size
+            if not full:
+                self.handed += 1
+        if full:
+            self.dropped += 1
+            if not self._drop_reported:
+                self._drop_reported = True
+                _report(
+                    f"the OTLP export queue is full ({self.max_queue_size} spans; is the collector down or slow?); "
+                    "further spans are dropped and counted, kernel calls go on (the trace file keeps them)"
+                )
+            return
+        self.batch.on_end(span)
+
+    def shutdown(self) -> None:
+        self.batch.shutdown()
+        if self.dropped or self.exporter.failed:
+            _report(
+                f"OTLP export: {self.dropped} span(s) dropped at a full queue, "
+                f"{self.exporter.failed} span(s) failed to export"
+            )
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.batch.force_flush(timeout_millis)
+
+
+def _after_fork_in_child() -> None:
+    for processor in list(_processors):
+        processor.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
