@@ -10,9 +10,11 @@ applied here, at export, so that the trace file keeps every call.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from typing import Mapping
 
@@ -46,6 +48,32 @@ def otlp_protocol(environ: Mapping[str, str] = os.environ) -> str:
         _report(f"OTLP protocol {value!r} is not supported (grpc or http/protobuf); using grpc")
         return "grpc"
     return value
+
+
+# Where the official exporters log each failed or retried batch.
+_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+)
+
+
+class _QuietAfterFirstFailure(logging.Filter):
+    """Lets the exporter's first failure messages through (they say why), then
+    silences its per-batch retries: the failure is reported once, and counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quiet = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.quiet
+
+
+_exporter_logs = _QuietAfterFirstFailure()
+for _name in _EXPORTER_LOGGERS:
+    logging.getLogger(_name).addFilter(_exporter_logs)
 
 
 def otlp_exporter(environ: Mapping[str, str] = os.environ) -> SpanExporter:
@@ -104,8 +132,9 @@ class _CountingExporter(SpanExporter):
     """Counts what reaches the exporter, so the queue's fill is known without
     reaching into the batch processor, and notices failed exports."""
 
-    def __init__(self, exporter: SpanExporter) -> None:
+    def __init__(self, exporter: SpanExporter, on_result) -> None:
         self.exporter = exporter
+        self.on_result = on_result
         self.taken = 0
         self.failed = 0
         self._failure_reported = False
@@ -119,10 +148,12 @@ class _CountingExporter(SpanExporter):
             detail = f"{type(exc).__name__}: {exc}"
         else:
             detail = "the receiver refused or did not answer"
+        self.on_result(result is SpanExportResult.SUCCESS)
         if result is not SpanExportResult.SUCCESS:
             self.failed += len(spans)
             if not self._failure_reported:
                 self._failure_reported = True
+                _exporter_logs.quiet = True
                 _report(
                     f"OTLP export failed ({detail}); spans that cannot be sent are dropped and counted, "
                     "kernel calls go on (the trace file keeps them)"
@@ -138,7 +169,15 @@ class _CountingExporter(SpanExporter):
 
 class ExportProcessor(SpanProcessor):
     """Samples, then hands spans to a BatchSpanProcessor, dropping (and
-    counting) instead of queueing past its capacity."""
+    counting) instead of queueing past its capacity.
+
+    After a failed export, spans are dropped at once for a pause that doubles
+    up to a minute (and ends with the first success): encoding a batch for a
+    collector that is down would take interpreter time from the kernels.
+    """
+
+    MIN_PAUSE_S = 1.0
+    MAX_PAUSE_S = 60.0
 
     def __init__(
         self,
@@ -154,13 +193,23 @@ class ExportProcessor(SpanProcessor):
                 max_queue_size = DEFAULT_MAX_QUEUE
         self.max_queue_size = max_queue_size
         self.sampler = sampler or ExportSampler()
-        self.exporter = _CountingExporter(exporter)
+        self.exporter = _CountingExporter(exporter, self._export_result)
         self.batch = BatchSpanProcessor(self.exporter, max_queue_size=max_queue_size, **batch_options)
         self.handed = 0
         self.dropped = 0
         self._lock = threading.Lock()
         self._drop_reported = False
+        self._paused_until = 0.0
+        self._pause = self.MIN_PAUSE_S
         _processors.add(self)
+
+    def _export_result(self, succeeded: bool) -> None:
+        if succeeded:
+            self._pause = self.MIN_PAUSE_S
+            self._paused_until = 0.0
+        else:
+            self._paused_until = time.monotonic() + self._pause
+            self._pause = min(self._pause * 2, self.MAX_PAUSE_S)
 
     def after_fork_in_child(self) -> None:
         # The batch processor empties its queue in the child: so does the count.
@@ -172,6 +221,9 @@ class ExportProcessor(SpanProcessor):
 
     def on_end(self, span) -> None:
         if not self.sampler.keep(span):
+            return
+        if self._paused_until and time.monotonic() < self._paused_until:
+            self.dropped += 1
             return
         with self._lock:
             full = self.handed - self.exporter.taken >= self.max_queue_size
@@ -192,7 +244,7 @@ class ExportProcessor(SpanProcessor):
         self.batch.shutdown()
         if self.dropped or self.exporter.failed:
             _report(
-                f"OTLP export: {self.dropped} span(s) dropped at a full queue, "
+                f"OTLP export: {self.dropped} span(s) dropped (full queue, or paused after a failure), "
                 f"{self.exporter.failed} span(s) failed to export"
             )
 
