@@ -9,36 +9,10 @@ import torch
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
-from . import configure, debug_kernel_api, read_trace_file, trace_file_path
+from . import configure, read_trace_file, trace_file_path
+from .example.model import VOCAB, build_model
 
-VOCAB, HIDDEN = 32, 8
 K = "sglang.kernel."
-
-
-def build_model():
-    """Kernels decorated now, after `configure`, as a serving engine's layers are at import."""
-
-    @debug_kernel_api(op_name="sglang.custom_op.embedding")
-    def embedding(token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.embedding(token_ids, table)
-
-    @debug_kernel_api(op_name="sglang.custom_op.rmsnorm")
-    def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-    @debug_kernel_api(op_name="sglang.quant_method.UnquantizedLinearMethod.apply")
-    def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return x @ weight.t()
-
-    generator = torch.Generator().manual_seed(0)
-    table = torch.randn(VOCAB, HIDDEN, generator=generator)
-    norm_weight = torch.ones(HIDDEN)
-    head = torch.randn(VOCAB, HIDDEN, generator=generator)
-
-    def decode_step(token_ids: torch.Tensor) -> torch.Tensor:
-        return linear(rmsnorm(embedding(token_ids, table), norm_weight, eps=1e-5), head)
-
-    return decode_step
 
 
 def _print_tree(spans) -> None:
@@ -67,7 +41,7 @@ def run(level: int = 3) -> int:
     for rid, tokens in requests.items():
         with tracer.start_as_current_span(f"Req {rid}", attributes={"request.id": rid}) as request:
             try:
-                decode_step(torch.tensor(tokens))
+                decode_step(torch.tensor([tokens]))
             except IndexError as exc:
                 request.set_status(StatusCode.ERROR, str(exc))
                 failed.append(rid)

@@ -1,0 +1,1 @@
+"""An example serving process: a tiny model of decorated kernels behind HTTP."""

@@ -1,0 +1,41 @@
+"""A tiny decoder step whose operations are decorated kernels, named as SGLang
+names its own (a custom op, a quant method), so the traces read the same."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .. import debug_kernel_api
+
+VOCAB, HIDDEN = 32, 8
+
+
+def build_model(seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Token ids [batch, length] -> logits [batch, length, VOCAB]. Call after
+    `configure`: the kernels are decorated here, as an engine's layers are at import.
+    An out-of-range token id makes the embedding kernel fail (on a GPU, a
+    device-side assert; on the CPU, an IndexError)."""
+
+    @debug_kernel_api(op_name="sglang.custom_op.embedding")
+    def embedding(token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(token_ids, table)
+
+    @debug_kernel_api(op_name="sglang.custom_op.rmsnorm")
+    def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    @debug_kernel_api(op_name="sglang.quant_method.UnquantizedLinearMethod.apply")
+    def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x @ weight.t()
+
+    generator = torch.Generator().manual_seed(seed)
+    table = torch.randn(VOCAB, HIDDEN, generator=generator)
+    norm_weight = torch.ones(HIDDEN)
+    head = torch.randn(VOCAB, HIDDEN, generator=generator)
+
+    def decode_step(token_ids: torch.Tensor) -> torch.Tensor:
+        return linear(rmsnorm(embedding(token_ids, table), norm_weight, eps=1e-5), head)
+
+    return decode_step

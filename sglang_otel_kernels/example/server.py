@@ -1,0 +1,162 @@
+"""An example serving process: HTTP requests batched into forward passes of a
+tiny model whose operations are decorated kernels.
+
+    python -m sglang_otel_kernels.example.server [--host 127.0.0.1] [--port 8000]
+    curl -s localhost:8000/generate -d '{"tokens": [1, 2, 3]}' \\
+         -H 'traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'
+
+OpenTelemetry's WSGI instrumentation opens a SERVER span per request,
+continuing the client's `traceparent`. The handler hands the request, with
+its trace context as a W3C carrier (what SGLang pickles from its tokenizer
+to its scheduler), to a scheduler thread, which gathers concurrent requests
+for a few milliseconds and runs them as one batch inside `forward_batch`: the
+kernels of each pass are children of the batch span, which links to every
+request. A token id outside the vocabulary fails the embedding kernel and so
+the whole batch, as a device-side assert would on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import queue
+import signal
+import sys
+import threading
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import torch
+from opentelemetry.instrumentation.wsgi import OpenTelemetryMiddleware
+
+from .. import configure, forward_batch, inject
+from .model import VOCAB, build_model
+
+MAX_BATCH = 8
+BATCH_WINDOW_S = 0.005
+REQUEST_TIMEOUT_S = 60.0
+
+
+class Pending:
+    """One request waiting for the scheduler."""
+
+    def __init__(self, rid: str, tokens: list[int], carrier: dict[str, str]) -> None:
+        self.rid = rid
+        self.tokens = tokens
+        self.carrier = carrier
+        self.done = threading.Event()
+        self.result: list[int] | None = None
+        self.error: str | None = None
+
+
+class Scheduler:
+    """Gathers requests into batches and runs the model on them, one thread."""
+
+    def __init__(self) -> None:
+        self.model = build_model()
+        self.requests: "queue.Queue[Pending]" = queue.Queue()
+        self.batches = 0
+        self._ids = itertools.count(1)
+        self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+        self._thread.start()
+
+    def submit(self, tokens: list[int]) -> Pending:
+        pending = Pending(f"req-{next(self._ids):04d}", tokens, inject())
+        self.requests.put(pending)
+        return pending
+
+    def _gather(self) -> list[Pending]:
+        batch = [self.requests.get()]
+        while len(batch) < MAX_BATCH:
+            try:
+                batch.append(self.requests.get(timeout=BATCH_WINDOW_S))
+            except queue.Empty:
+                break
+        return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._gather()
+            self.batches += 1
+            width = max(len(p.tokens) for p in batch)
+            token_ids = torch.tensor([p.tokens + [0] * (width - len(p.tokens)) for p in batch])
+            try:
+                with forward_batch([(p.carrier, p.rid) for p in batch], name="decode_batch",
+                                   attributes={"sglang.forward_mode": "decode"}):
+                    logits = self.model(token_ids)
+            except Exception as exc:  # the kernel failed: so did every request of the batch
+                for pending in batch:
+                    pending.error = f"{type(exc).__name__}: {exc}"
+                    pending.done.set()
+                continue
+            next_tokens = logits.argmax(-1)
+            for row, pending in enumerate(batch):
+                pending.result = next_tokens[row, : len(pending.tokens)].tolist()
+                pending.done.set()
+
+
+def _respond(start_response, status: str, body: dict[str, Any]) -> list[bytes]:
+    payload = json.dumps(body).encode("utf-8")
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))])
+    return [payload]
+
+
+def make_app(scheduler: Scheduler):
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") != "/generate" or environ.get("REQUEST_METHOD") != "POST":
+            return _respond(start_response, "404 Not Found", {"error": "POST /generate"})
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            tokens = json.loads(environ["wsgi.input"].read(length))["tokens"]
+            if not tokens or not all(isinstance(t, int) and t >= 0 for t in tokens):
+                raise ValueError("tokens must be a non-empty list of non-negative ints")
+        except (ValueError, KeyError, TypeError) as exc:
+            return _respond(start_response, "400 Bad Request", {"error": str(exc)})
+        pending = scheduler.submit(tokens)
+        if not pending.done.wait(REQUEST_TIMEOUT_S):
+            return _respond(start_response, "504 Gateway Timeout", {"error": "the batch did not finish"})
+        if pending.error is not None:
+            return _respond(start_response, "500 Internal Server Error", {"id": pending.rid, "error": pending.error})
+        return _respond(start_response, "200 OK", {"id": pending.rid, "next_tokens": pending.result})
+
+    return OpenTelemetryMiddleware(app)
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the stdlib's name
+        pass
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, level: int = 3) -> int:
+    configure(level=level, log_dest="off")
+    scheduler = Scheduler()
+    server = make_server(host, port, make_app(scheduler), server_class=_ThreadingServer, handler_class=_QuietHandler)
+    # Ctrl-C or SIGTERM: stop serving; spans still queued are flushed at exit.
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    print(f"listening on http://{host}:{server.server_address[1]} (vocabulary {VOCAB})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    parser.add_argument("--level", type=int, choices=(1, 3, 5), default=3, help="logging level (default 3)")
+    options = parser.parse_args(argv)
+    return serve(options.host, options.port, options.level)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
