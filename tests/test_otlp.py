@@ -150,3 +150,35 @@ def test_dead_endpoint_costs_the_kernels_nothing_and_is_reported_once(tmp_path):
     assert proc.stderr.count("the OTLP export queue is full") == 1
     assert "span(s) dropped (full queue, or paused after a failure)" in proc.stderr  # the count, at shutdown
     assert len(sok.read_trace(tmp_path / "t.sgltrace")) == 3000
+
+
+def test_second_configure_and_fork_export_each_span_once(tmp_path):
+    receiver = HttpReceiver()
+    script = (
+        "import os, sys, sglang_otel_kernels as sok\n"
+        "sok.configure(level=1, log_dest='off', trace_file='t_%i.sgltrace')\n"
+        "sok.configure(level=1, log_dest='off')  # again: no second exporter\n"
+        "k = sok.debug_kernel_api(op_name='k')(lambda who: None)\n"
+        "k('parent')\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    for _ in range(3): k('child')\n"
+        "    sys.exit(0)  # a normal exit flushes the child's queue\n"
+        "os.waitpid(pid, 0)\n"
+        "k('parent')\n"
+    )
+    try:
+        env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+        proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        spans = receiver.wait_for(lambda got: len(got) >= 5)
+        time.sleep(0.5)
+    finally:
+        receiver.stop()
+    assert len(receiver.spans) == 5
+    assert len({s["span_id"] for s in receiver.spans}) == 5
+    pids = {s["resource"]["process.pid"] for s in spans}
+    assert len(pids) == 2  # the child reports its own pid
+    files = sorted(tmp_path.glob("t_*.sgltrace"))
+    assert sorted(len(sok.read_trace(f)) for f in files) == [2, 3]

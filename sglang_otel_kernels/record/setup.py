@@ -24,6 +24,7 @@ from .._version import __version__
 from . import export, processor, tracefile
 
 _attached: "weakref.WeakSet" = weakref.WeakSet()
+_own_providers: "weakref.WeakSet" = weakref.WeakSet()
 _warned_foreign = False
 _faulthandler_file = None
 
@@ -62,6 +63,7 @@ def own_provider() -> SDKTracerProvider:
     """Samples everything, so the trace file keeps every call; OTLP export, when
     an endpoint is set, samples by OTEL_TRACES_SAMPLER on its own."""
     provider = SDKTracerProvider(resource=default_resource(), sampler=ALWAYS_ON)
+    _own_providers.add(provider)
     if export.otlp_endpoint() is not None:
         try:
             provider.add_span_processor(export.ExportProcessor(export.otlp_exporter()))
@@ -131,3 +133,18 @@ def _enable_faulthandler(trace_path: str) -> None:
     previous, _faulthandler_file = _faulthandler_file, new_file
     if previous is not None:
         previous.close()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child's spans must carry its own pid. The SDK refreshes only
+    # the resource detectors named in OTEL_EXPERIMENTAL_RESOURCE_DETECTORS, and
+    # offers no public way to change a provider's resource: for the providers
+    # this package made, use its internal update when it is there.
+    for provider in list(_own_providers):
+        update = getattr(provider, "_update_resource", None)
+        if update is not None:
+            update(Resource({"process.pid": os.getpid()}))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
