@@ -5,7 +5,8 @@
 Each row times the same kernel call (4x4096 and 4096 float32 CPU tensors, as in
 a decode step) undecorated, inside a bare OpenTelemetry span, and decorated at
 levels 0, 1, 3 and 5, with the text log to a file and/or spans to an SDK
-TracerProvider (recording, no exporter, so the cost is ours and the SDK's).
+TracerProvider (recording, no exporter, so the cost is ours and the SDK's),
+without and with the crash-safe trace file.
 Figures are medians over the repeats; ratios are against the bare call and the
 bare span of the same run.
 """
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = {"eps": 1e-5}
     provider = TracerProvider()
     tracer = provider.get_tracer("bench")
-    log_path = os.path.join(tempfile.mkdtemp(prefix="sok-bench-"), "kernels.log")
+    directory = tempfile.mkdtemp(prefix="sok-bench-")
+    log_path = os.path.join(directory, "kernels.log")
+    trace_path = os.path.join(directory, "trace_%i.sgltrace")
 
     def in_bare_span(*a, **kw):
         with tracer.start_as_current_span("kernel"):
@@ -63,11 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     span = run(in_bare_span)
     rows = [("bare call", "-", bare), ("bare OTel span", "-", span)]
     modes = [
-        ("text file only", dict(log_dest=log_path, spans=False)),
-        ("spans only", dict(log_dest="off", spans=True)),
-        ("text file + spans", dict(log_dest=log_path, spans=True)),
+        ("text file only", dict(log_dest=log_path, spans=False, trace_file="off")),
+        ("spans only", dict(log_dest="off", spans=True, trace_file="off")),
+        ("text file + spans", dict(log_dest=log_path, spans=True, trace_file="off")),
+        ("spans + trace file", dict(log_dest="off", spans=True, trace_file=trace_path)),
     ]
-    sok.configure(level=0)
+    sok.configure(level=0, trace_file="off")
     rows.append(("level 0 (identity)", "0", run(sok.debug_kernel_api(kernel))))
     for label, settings in modes:
         for level in (1, 3, 5):
