@@ -130,17 +130,23 @@ class ExportSampler:
 
 class _CountingExporter(SpanExporter):
     """Counts what reaches the exporter, so the queue's fill is known without
-    reaching into the batch processor, and notices failed exports."""
+    reaching into the batch processor, and notices failed exports. While the
+    export is paused, batches still queued are dropped here unencoded:
+    encoding them for a collector that is down would only take interpreter
+    time from the kernels."""
 
-    def __init__(self, exporter: SpanExporter, on_result) -> None:
+    def __init__(self, exporter: SpanExporter, owner: "ExportProcessor") -> None:
         self.exporter = exporter
-        self.on_result = on_result
+        self.owner = owner
         self.taken = 0
         self.failed = 0
         self._failure_reported = False
 
     def export(self, spans) -> SpanExportResult:
         self.taken += len(spans)
+        if self.owner.paused():
+            self.failed += len(spans)
+            return SpanExportResult.FAILURE
         try:
             result = self.exporter.export(spans)
         except Exception as exc:  # the SDK would log it per batch
@@ -148,7 +154,7 @@ class _CountingExporter(SpanExporter):
             detail = f"{type(exc).__name__}: {exc}"
         else:
             detail = "the receiver refused or did not answer"
-        self.on_result(result is SpanExportResult.SUCCESS)
+        self.owner.export_result(result is SpanExportResult.SUCCESS)
         if result is not SpanExportResult.SUCCESS:
             self.failed += len(spans)
             if not self._failure_reported:
@@ -193,7 +199,7 @@ class ExportProcessor(SpanProcessor):
                 max_queue_size = DEFAULT_MAX_QUEUE
         self.max_queue_size = max_queue_size
         self.sampler = sampler or ExportSampler()
-        self.exporter = _CountingExporter(exporter, self._export_result)
+        self.exporter = _CountingExporter(exporter, self)
         self.batch = BatchSpanProcessor(self.exporter, max_queue_size=max_queue_size, **batch_options)
         self.handed = 0
         self.dropped = 0
@@ -203,7 +209,10 @@ class ExportProcessor(SpanProcessor):
         self._pause = self.MIN_PAUSE_S
         _processors.add(self)
 
-    def _export_result(self, succeeded: bool) -> None:
+    def paused(self) -> bool:
+        return bool(self._paused_until) and time.monotonic() < self._paused_until
+
+    def export_result(self, succeeded: bool) -> None:
         if succeeded:
             self._pause = self.MIN_PAUSE_S
             self._paused_until = 0.0
@@ -222,7 +231,7 @@ class ExportProcessor(SpanProcessor):
     def on_end(self, span) -> None:
         if not self.sampler.keep(span):
             return
-        if self._paused_until and time.monotonic() < self._paused_until:
+        if self.paused():
             self.dropped += 1
             return
         with self._lock:
