@@ -366,3 +366,15 @@ def test_export_marks_in_flight_spans(tmp_path):
     assert attributes["sglang.kernel.in_flight"] == {"boolValue": True}
     assert attributes["sglang.kernel.input.arg0"] == {"intValue": "5"}
     assert int(span["endTimeUnixNano"]) >= int(span["startTimeUnixNano"])
+
+
+def test_a_file_configured_later_still_gets_the_resource(record, provider, tmp_path):
+    record(level=1)
+    sok.configure(trace_file=str(tmp_path / "first.sgltrace"))
+    sok.debug_kernel_api(op_name="k")(lambda: None)()
+    sok.configure(trace_file=str(tmp_path / "second.sgltrace"))
+    sok.debug_kernel_api(op_name="k")(lambda: None)()
+    for name in ("first", "second"):
+        contents = sok.read_trace_file(tmp_path / f"{name}.sgltrace")
+        assert contents.metadata["resource"] == dict(provider.resource.attributes)
+        assert len(contents.spans) == 1

@@ -74,10 +74,14 @@ def own_provider() -> SDKTracerProvider:
 
 def attach_trace_file(provider) -> None:
     global _warned_foreign
+    writer = processor.current_writer()
+    if writer is not None and isinstance(provider, SDKTracerProvider):
+        # Also for a file configured after the provider was first attached.
+        writer.metadata.setdefault("resource", dict(provider.resource.attributes))
     if provider in _attached:
         return
     if not isinstance(provider, SDKTracerProvider):
-        if processor.current_writer() is not None and not _warned_foreign:
+        if writer is not None and not _warned_foreign:
             _warned_foreign = True
             print(
                 f"sglang_otel_kernels: the installed TracerProvider ({type(provider).__name__}) is not the "
@@ -85,9 +89,6 @@ def attach_trace_file(provider) -> None:
                 file=sys.stderr,
             )
         return
-    writer = processor.current_writer()
-    if writer is not None:
-        writer.metadata.setdefault("resource", dict(provider.resource.attributes))
     provider.add_span_processor(processor.TraceFileProcessor())
     _attached.add(provider)
 

@@ -77,7 +77,8 @@ class SpanRecorder:
         if not attrs or not span.is_recording():
             return
         present = getattr(span, "attributes", None)
-        if self.limit is not None and present is not None:
+        # Past the cheap check only when the span is close to its limit.
+        if self.limit is not None and present is not None and len(present) + len(attrs) >= self.limit:
             new = {key: value for key, value in attrs.items() if key not in present}
             room = self.limit - len(present) - 1
             if len(new) > room:
