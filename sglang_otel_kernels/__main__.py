@@ -1,7 +1,4 @@
-"""Command line: `sglang-otel-kernels` / `python -m sglang_otel_kernels`.
-
-Exit status: 0 success; 2 bad usage or an unreadable input (one line on stderr).
-"""
+"""Command line: `sglang-otel-kernels` / `python -m sglang_otel_kernels`."""
 
 from __future__ import annotations
 
@@ -14,6 +11,7 @@ class _Failure(Exception):
 
 
 def _export(options) -> int:
+    from .recover.chrome import chrome_json
     from .recover.otlp_json import json_lines
     from .recover.reader import TraceFileError, read_trace_file
 
@@ -28,12 +26,35 @@ def _export(options) -> int:
     except OSError as exc:
         raise _Failure(f"cannot write {options.output}: {exc.strerror or exc}") from None
     try:
-        for line in json_lines(contents):
-            out.write(line + "\n")
+        if options.format == "chrome":
+            out.write(chrome_json(contents) + "\n")
+        else:
+            for line in json_lines(contents):
+                out.write(line + "\n")
     finally:
         if out is not sys.stdout:
             out.close()
     return 0
+
+
+def _report(options) -> int:
+    import json
+
+    from .recover.reader import TraceFileError, read_trace_file
+    from .recover.report import build_report, render_text
+
+    if options.last < 0:
+        raise _Failure("--last must be 0 or more")
+    try:
+        contents = [read_trace_file(path) for path in options.files]
+    except TraceFileError as exc:
+        raise _Failure(str(exc)) from None
+    report = build_report(contents, last=options.last)
+    if options.json:
+        print(json.dumps(report, indent=2, default=repr))
+    else:
+        sys.stdout.write(render_text(report))
+    return 1 if report["in_flight"] or report["failed"] else 0
 
 
 def _demo(options) -> int:
@@ -46,15 +67,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-otel-kernels",
         description="SGLang-compatible kernel API logging as OpenTelemetry spans, with a crash-safe trace file.",
-        epilog="Exit status: 0 success; 2 bad usage or an input that cannot be read (one line on stderr).",
+        epilog=(
+            "Exit status: 0 success (report: no call in flight and none failed); "
+            "1 report: the file shows calls in flight when the process died, or failed calls; "
+            "2 bad usage or an input that cannot be read (one line on stderr)."
+        ),
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run a tiny decode step with a failing request and show what is recorded")
     demo.add_argument("--level", type=int, choices=(1, 3, 5), default=3, help="logging level (default 3)")
     demo.set_defaults(handler=_demo)
-    export = commands.add_parser("export", help="write the spans of a trace file as OTLP JSON lines")
+    report = commands.add_parser(
+        "report", help="what the trace files say about a crash: calls in flight, their inputs and requests"
+    )
+    report.add_argument("files", nargs="+", metavar="FILE", help="trace files (one per rank merge by time)")
+    report.add_argument("--last", type=int, default=10, metavar="N", help="completed calls to list (default 10)")
+    report.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    report.set_defaults(handler=_report)
+    export = commands.add_parser(
+        "export", help="write the spans of a trace file as OTLP JSON lines or a Chrome/Perfetto timeline"
+    )
     export.add_argument("file", help="a trace file (SGLANG_KERNEL_API_TRACEFILE)")
-    export.add_argument("--format", choices=("otlp-json",), default="otlp-json", help="output format (default otlp-json)")
+    export.add_argument("--format", choices=("otlp-json", "chrome"), default="otlp-json",
+                        help="otlp-json: OTLP JSON lines (default); chrome: trace-event JSON for chrome://tracing or Perfetto")
     export.add_argument("-o", "--output", help="output file (default: standard output)")
     export.set_defaults(handler=_export)
     return parser

@@ -1,0 +1,195 @@
+"""The crash report: what a trace file (or one per rank) says about how the
+process ended, readable at a glance or as one JSON document."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from typing import Any
+
+from .reader import RecoveredSpan, TraceFileContents
+
+KERNEL_NAME = "sglang.kernel.name"
+INPUT_PREFIX = "sglang.kernel.input."
+BATCH_IDS = "sglang.batch.request_ids"
+REQUEST_ID = "sglang.request.id"
+_TENSOR_FIELDS = ("shape", "dtype", "device", "stride", "contiguous", "requires_grad",
+                  "min", "max", "mean", "nan_count", "inf_count", "has_nan", "has_inf", "stats")
+
+
+def is_kernel(span: RecoveredSpan) -> bool:
+    return KERNEL_NAME in span.attributes
+
+
+def _inputs(span: RecoveredSpan) -> dict[str, Any]:
+    """Input attributes grouped by argument path: a tensor's fields become one dict."""
+    grouped: dict[str, Any] = {}
+    for key, value in span.attributes.items():
+        if not key.startswith(INPUT_PREFIX):
+            continue
+        path = key[len(INPUT_PREFIX):]
+        head, _, field = path.rpartition(".")
+        if head and field in _TENSOR_FIELDS:
+            entry = grouped.setdefault(head, {})
+            if isinstance(entry, dict):
+                entry[field] = value
+                continue
+        grouped.setdefault(path, value)
+    return grouped
+
+
+def _render_value(value: Any) -> str:
+    if isinstance(value, dict):
+        parts = [f"{field}={value[field]}" for field in _TENSOR_FIELDS if field in value]
+        return "Tensor(" + ", ".join(parts) + ")"
+    return repr(value)
+
+
+def _requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[str, Any] | None:
+    """The batch around a call and the requests it served, walking up the parents."""
+    current = span
+    seen = 0
+    while current is not None and seen < 64:
+        if BATCH_IDS in current.attributes or "sglang.batch.size" in current.attributes:
+            return {
+                "batch": current.name,
+                "batch_span_id": f"{current.span_id:016x}",
+                "request_ids": list(current.attributes.get(BATCH_IDS, ())),
+                "request_traces": [f"{trace_id:032x}" for trace_id, _, _ in current.links],
+            }
+        if current.kind == 1:  # SERVER: the request itself
+            return {"request": current.name, "trace_id": f"{current.trace_id:032x}",
+                    "request_ids": [current.attributes[REQUEST_ID]] if REQUEST_ID in current.attributes else []}
+        current = by_id.get(current.parent_span_id)
+        seen += 1
+    return None
+
+
+def _call(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], source: str) -> dict[str, Any]:
+    exception = next((attrs for name, _, attrs in span.events if name == "exception"), None)
+    return {
+        "name": span.name,
+        "file": source,
+        "thread": span.thread_name or str(span.thread_id),
+        "start": _iso(span.start_time),
+        "duration_us": None if span.end_time is None else round((span.end_time - span.start_time) / 1000, 1),
+        "status": span.status_code,
+        "description": span.status_description,
+        "seq": span.attributes.get("sglang.kernel.seq"),
+        "inputs": _inputs(span),
+        "exception": None if exception is None else {
+            "type": exception.get("exception.type"), "message": exception.get("exception.message")},
+        "requests": _requests_of(span, by_id),
+        "trace_id": f"{span.trace_id:032x}",
+        "span_id": f"{span.span_id:016x}",
+    }
+
+
+def _iso(ns: int) -> str:
+    seconds, rest = divmod(ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) + f".{rest // 1000:06d}"
+
+
+def build_report(contents: list[TraceFileContents], last: int = 10) -> dict[str, Any]:
+    spans: list[tuple[RecoveredSpan, str]] = []
+    for content in contents:
+        spans.extend((span, content.path) for span in content.spans)
+    spans.sort(key=lambda item: item[0].start_time)
+    by_id = {span.span_id: span for span, _ in spans}
+    kernels = [(span, source) for span, source in spans if is_kernel(span)]
+    in_flight = [_call(s, by_id, f) for s, f in kernels if s.in_flight]
+    failed = [_call(s, by_id, f) for s, f in kernels if not s.in_flight and s.status_code == "ERROR"]
+    first_bad = next(((s, f) for s, f in kernels if any(e[0] == "nonfinite_output" for e in s.events)), None)
+    ended = [(s, f) for s, f in kernels if not s.in_flight]
+    summary: dict[str, dict[str, Any]] = defaultdict(lambda: {"calls": 0, "errors": 0, "in_flight": 0, "total_us": 0.0})
+    for span, _ in kernels:
+        row = summary[span.name]
+        row["calls"] += 1
+        row["errors"] += span.status_code == "ERROR" and not span.in_flight
+        row["in_flight"] += span.in_flight
+        if span.end_time is not None:
+            row["total_us"] += (span.end_time - span.start_time) / 1000
+    tracebacks = {}
+    for content in contents:
+        path = content.path + ".traceback"
+        try:
+            text = open(path, encoding="utf-8", errors="replace").read().strip()
+        except OSError:
+            text = ""
+        if text:
+            tracebacks[content.path] = text
+    return {
+        "files": [
+            {"path": c.path, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"),
+             "ranks": c.metadata.get("ranks", {}), "argv": c.metadata.get("argv"),
+             "spans": len(c.spans), "problems": c.problems}
+            for c in contents
+        ],
+        "crashed": bool(in_flight),
+        "in_flight": in_flight,
+        "failed": failed,
+        "last_calls": [_call(s, by_id, f) for s, f in ended[-last:]] if last > 0 else [],
+        "first_nonfinite_output": None if first_bad is None else _call(first_bad[0], by_id, first_bad[1]),
+        "tracebacks": tracebacks,
+        "summary": {name: dict(row, total_us=round(row["total_us"], 1)) for name, row in sorted(summary.items())},
+        "in_flight_other_spans": [
+            {"name": s.name, "file": f, "start": _iso(s.start_time), "trace_id": f"{s.trace_id:032x}"}
+            for s, f in spans if s.in_flight and not is_kernel(s)
+        ],
+    }
+
+
+def _call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
+    lines = [f"{indent}{call['name']}  (thread {call['thread']}, started {call['start']}, seq {call['seq']})"]
+    if call["exception"]:
+        lines.append(f"{indent}  raised {call['exception']['type']}: {call['exception']['message']}")
+    for path, value in call["inputs"].items():
+        lines.append(f"{indent}  {path} = {_render_value(value)}")
+    requests = call["requests"]
+    if requests:
+        if "batch" in requests:
+            ids = ", ".join(requests["request_ids"]) or "no ids"
+            lines.append(f"{indent}  batch {requests['batch']}: requests {ids} "
+                         f"({len(requests['request_traces'])} traces linked)")
+        else:
+            lines.append(f"{indent}  request {requests['request']} (trace {requests['trace_id']})")
+    return lines
+
+
+def render_text(report: dict[str, Any]) -> str:
+    out: list[str] = []
+    for info in report["files"]:
+        ranks = ", ".join(f"{k}={v}" for k, v in info["ranks"].items()) or "no rank"
+        out.append(f"{info['path']}: pid {info['pid']} on {info['host']}, {ranks}, {info['spans']} spans")
+        out.extend(f"  warning: {problem}" for problem in info["problems"])
+    out.append("")
+    if report["in_flight"]:
+        out.append(f"CRASHED: {len(report['in_flight'])} kernel call(s) were running when the process died:")
+        for call in report["in_flight"]:
+            out.extend(_call_lines(call))
+    else:
+        out.append("No kernel call was running when the file was last written (no crash inside a kernel).")
+    if report["in_flight_other_spans"]:
+        out.append("Also unfinished: " + ", ".join(
+            f"{span['name']} (trace {span['trace_id']})" for span in report["in_flight_other_spans"]))
+    if report["failed"]:
+        out += ["", f"Failed calls ({len(report['failed'])}):"]
+        for call in report["failed"]:
+            out.extend(_call_lines(call))
+    if report["first_nonfinite_output"]:
+        out += ["", "First call that produced NaN/Inf from finite inputs:"]
+        out.extend(_call_lines(report["first_nonfinite_output"]))
+    if report["last_calls"]:
+        out += ["", f"Last {len(report['last_calls'])} completed calls:"]
+        for call in report["last_calls"]:
+            out.append(f"  {call['start']}  {call['name']}  {call['duration_us']} us  {call['status']}")
+    for path, text in report["tracebacks"].items():
+        out += ["", f"Python traceback ({os.path.basename(path)}.traceback):"]
+        out.extend("  " + line for line in text.splitlines())
+    if report["summary"]:
+        out += ["", f"{'kernel':50s} {'calls':>7s} {'errors':>7s} {'running':>8s} {'total us':>11s}"]
+        for name, row in report["summary"].items():
+            out.append(f"{name:50s} {row['calls']:7d} {row['errors']:7d} {row['in_flight']:8d} {row['total_us']:11.1f}")
+    return "\n".join(out) + "\n"
+

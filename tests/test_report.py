@@ -1,0 +1,119 @@
+"""`sglang-otel-kernels report` on trace files left by real crashed children."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_python
+
+DIES_IN_A_BATCH = """
+import os, sys, torch, sglang_otel_kernels as sok
+sok.configure(level=5, log_dest="off", trace_file="t.sgltrace")
+norm = sok.debug_kernel_api(op_name="sglang.custom_op.rmsnorm")(lambda x: x / x.abs().max())
+@sok.debug_kernel_api(op_name="sglang.custom_op.embedding")
+def embedding(ids, table):
+    if sys.argv[1] == "crash":
+        os._exit(134)  # as an illegal memory access takes the process down
+    return torch.nn.functional.embedding(ids, table)
+norm(torch.ones(3))
+norm(torch.zeros(3))  # 0/0: the first NaN, from finite inputs
+carriers = [("00-" + "a" * 32 + "-" + "b" * 16 + "-01", "req-1"), ("00-" + "c" * 32 + "-" + "d" * 16 + "-01", "req-2")]
+with sok.forward_batch(carriers, name="decode_batch"):
+    try:
+        embedding(torch.tensor([[1, 99]]), torch.ones(4, 2))
+    except IndexError:
+        pass
+"""
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "sglang_otel_kernels", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture(params=["crash", "raise"])
+def left_file(request, tmp_path):
+    proc = run_python(DIES_IN_A_BATCH.replace("sys.argv[1]", repr(request.param)), tmp_path)
+    assert proc.returncode == (134 if request.param == "crash" else 0), proc.stderr
+    return request.param, tmp_path / "t.sgltrace"
+
+
+def test_report_names_the_call_its_inputs_and_its_requests(left_file):
+    mode, path = left_file
+    proc = cli("report", str(path))
+    assert proc.returncode == 1, proc.stderr  # calls in flight or failed: documented exit status 1
+    out = proc.stdout
+    section = "CRASHED: 1 kernel call(s) were running" if mode == "crash" else "Failed calls (1):"
+    assert section in out
+    block = out.split(section)[1]
+    assert "sglang.custom_op.embedding" in block
+    assert "arg0 = Tensor(shape=(1, 2), dtype=torch.int64" in block
+    assert "batch decode_batch: requests req-1, req-2 (2 traces linked)" in block
+    if mode == "raise":
+        assert "raised IndexError: index out of range in self" in block
+    assert "First call that produced NaN/Inf from finite inputs:\n  sglang.custom_op.rmsnorm" in out
+    assert "sglang.custom_op.rmsnorm" in out.split("kernel ")[-1]  # the per-kernel summary
+
+
+def test_report_json_parses_and_holds_the_same(left_file):
+    mode, path = left_file
+    proc = cli("report", str(path), "--json", "--last", "2")
+    report = json.loads(proc.stdout)
+    calls = report["in_flight"] if mode == "crash" else report["failed"]
+    (call,) = calls
+    assert call["name"] == "sglang.custom_op.embedding"
+    assert call["inputs"]["arg0"]["shape"] == [1, 2]
+    assert call["requests"]["request_ids"] == ["req-1", "req-2"]
+    assert report["crashed"] is (mode == "crash")
+    assert len(report["last_calls"]) == 2
+    assert report["summary"]["sglang.custom_op.rmsnorm"]["calls"] == 2
+
+
+def test_clean_file_exits_zero_and_ranks_merge(tmp_path):
+    script = (
+        "import torch, sglang_otel_kernels as sok\n"
+        "sok.configure(level=1, log_dest='off', trace_file='r%i.sgltrace')\n"
+        "k = sok.debug_kernel_api(op_name='k')(lambda: None)\n"
+        "for _ in range(3): k()\n"
+    )
+    for _ in range(2):
+        assert run_python(script, tmp_path).returncode == 0
+    files = sorted(str(p) for p in tmp_path.glob("r*.sgltrace"))
+    proc = cli("report", *files)
+    assert proc.returncode == 0, proc.stderr
+    assert "No kernel call was running" in proc.stdout
+    assert proc.stdout.count(" spans\n") == 2
+    assert "k " in proc.stdout and "      6 " in proc.stdout  # 6 calls across both files
+
+
+@pytest.mark.parametrize("args, message", [
+    (["report", "missing.sgltrace"], "no such file"),
+    (["report", "--last", "-1", "x"], "--last must be 0 or more"),
+])
+def test_report_errors(tmp_path, args, message):
+    proc = cli(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr and proc.stderr.count("\n") == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_export_chrome_timeline(left_file, tmp_path):
+    mode, path = left_file
+    out = tmp_path / "timeline.json"
+    proc = cli("export", str(path), "--format", "chrome", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    timeline = json.loads(out.read_text())
+    events = [e for e in timeline["traceEvents"] if e["ph"] == "X"]
+    names = [e["name"] for e in events]
+    assert names.count("sglang.custom_op.rmsnorm") == 2
+    thread_names = [e for e in timeline["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert [t["args"]["name"] for t in thread_names] == ["MainThread"]
+    embedding = next(e for e in events if e["name"].startswith("sglang.custom_op.embedding"))
+    if mode == "crash":
+        assert embedding["name"].endswith("[IN FLIGHT]") and embedding["cname"] == "terrible"
+    else:
+        assert embedding["cname"] == "bad" and embedding["args"]["status"] == "ERROR"
+    assert embedding["args"]["sglang.kernel.input.arg0.shape"] == [1, 2]
+    assert all(e["dur"] >= 0 and e["tid"] == embedding["tid"] for e in events)
