@@ -57,6 +57,30 @@ def _report(options) -> int:
     return 1 if report["in_flight"] or report["failed"] else 0
 
 
+def _replay(options) -> int:
+    from .recover.reader import TraceFileError, read_trace_file
+    from .recover.replay import make_exporter, replay, terminal_progress
+
+    if options.timeout <= 0:
+        raise _Failure("--timeout must be more than 0")
+    try:
+        contents = [read_trace_file(path) for path in options.files]
+    except TraceFileError as exc:
+        raise _Failure(str(exc)) from None
+    try:
+        exporter, target = make_exporter(options.endpoint, options.protocol, options.timeout)
+    except ValueError as exc:
+        raise _Failure(str(exc)) from None
+    try:
+        sent, in_flight = replay(contents, exporter, terminal_progress())
+    except ConnectionError as exc:
+        raise _Failure(f"cannot replay to {target}: {exc}") from None
+    finally:
+        exporter.shutdown()
+    print(f"replayed {sent} spans ({in_flight} in flight) from {len(contents)} file(s) to {target}")
+    return 0
+
+
 def _demo(options) -> int:
     from .demo import run
 
@@ -84,6 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--last", type=int, default=10, metavar="N", help="completed calls to list (default 10)")
     report.add_argument("--json", action="store_true", help="print the report as one JSON document")
     report.set_defaults(handler=_report)
+    replay = commands.add_parser(
+        "replay", help="send the spans of trace files to an OTLP back end, with their original ids"
+    )
+    replay.add_argument("files", nargs="+", metavar="FILE", help="trace files")
+    replay.add_argument("--endpoint", help="OTLP endpoint URL (default: OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT)")
+    replay.add_argument("--protocol", choices=("grpc", "http/protobuf"),
+                        help="default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc")
+    replay.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the back end (default 10)")
+    replay.set_defaults(handler=_replay)
     export = commands.add_parser(
         "export", help="write the spans of a trace file as OTLP JSON lines or a Chrome/Perfetto timeline"
     )

@@ -117,3 +117,53 @@ def test_export_chrome_timeline(left_file, tmp_path):
         assert embedding["cname"] == "bad" and embedding["args"]["status"] == "ERROR"
     assert embedding["args"]["sglang.kernel.input.arg0.shape"] == [1, 2]
     assert all(e["dur"] >= 0 and e["tid"] == embedding["tid"] for e in events)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_replay_lands_spans_with_their_ids_under_their_requests(left_file, protocol):
+    from otlp_receivers import GrpcReceiver, HttpReceiver
+
+    import sglang_otel_kernels as sok
+
+    mode, path = left_file
+    recovered = sok.read_trace(path)
+    receiver = GrpcReceiver() if protocol == "grpc" else HttpReceiver()
+    try:
+        proc = cli("replay", str(path), "--endpoint", receiver.endpoint, "--protocol", protocol)
+        assert proc.returncode == 0, proc.stderr
+        spans = receiver.wait_for(lambda got: len(got) >= len(recovered))
+    finally:
+        receiver.stop()
+    in_flight = sum(s.in_flight for s in recovered)
+    assert proc.stdout == f"replayed {len(recovered)} spans ({in_flight} in flight) from 1 file(s) to " \
+        f"{receiver.endpoint + ('/v1/traces' if protocol != 'grpc' else '')}\n"
+    assert {(s["trace_id"], s["span_id"], s["parent_span_id"]) for s in spans} == {
+        (s.trace_id, s.span_id, s.parent_span_id) for s in recovered}
+    embedding = next(s for s in spans if s["name"] == "sglang.custom_op.embedding")
+    batch = next(s for s in spans if s["name"] == "decode_batch")
+    assert embedding["parent_span_id"] == batch["span_id"]
+    assert sorted(trace for trace, _ in batch["links"]) == [int("a" * 32, 16), int("c" * 32, 16)]
+    members = [s for s in spans if s["name"] == "decode_batch.request"]
+    assert sorted(m["trace_id"] for m in members) == [int("a" * 32, 16), int("c" * 32, 16)]
+    assert embedding["status"] == 2
+    if mode == "crash":
+        assert embedding["attributes"]["sglang.kernel.in_flight"] is True
+        assert embedding["end"] >= embedding["start"]
+
+
+def test_replay_errors(left_file, tmp_path):
+    import socket
+
+    _, path = left_file
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = cli("replay", str(path), "--endpoint", f"http://127.0.0.1:{port}", "--protocol", "http/protobuf",
+               "--timeout", "1")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"sglang-otel-kernels: cannot replay to http://127.0.0.1:{port}/v1/traces")
+    assert proc.stderr.count("\n") == 1
+    env_free = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "replay", str(path)],
+                              capture_output=True, text=True, timeout=60,
+                              env={k: v for k, v in __import__("os").environ.items() if not k.startswith("OTEL_")})
+    assert env_free.returncode == 2 and "no OTLP endpoint" in env_free.stderr

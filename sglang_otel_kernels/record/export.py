@@ -76,6 +76,11 @@ for _name in _EXPORTER_LOGGERS:
     logging.getLogger(_name).addFilter(_exporter_logs)
 
 
+def quiet_exporter_logs() -> None:
+    """For a caller that reports failures itself (the replay command)."""
+    _exporter_logs.quiet = True
+
+
 def otlp_exporter(environ: Mapping[str, str] = os.environ) -> SpanExporter:
     """The official exporter; it reads the endpoint, headers, TLS, compression
     and timeout from the same standard variables itself."""

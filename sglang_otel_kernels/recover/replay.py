@@ -1,0 +1,106 @@
+"""Sends recovered spans to an OTLP back end after the fact, keeping their
+trace and span ids, parents, links and timestamps, so the calls of a dead
+process appear inside the original request traces. Spans still in flight when
+the process died are marked (status ERROR, `sglang.kernel.in_flight`) and end
+at the newest time their file holds. Uses the official OTLP exporters."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Iterable
+from urllib.parse import urlparse
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from ..record import export
+from .otlp_json import resource_attributes
+from .reader import RecoveredSpan, TraceFileContents
+
+BATCH = 512
+
+
+def readable(span: RecoveredSpan, resource: Resource, last_time: int) -> ReadableSpan:
+    parent = None
+    if span.parent_span_id:
+        parent = SpanContext(span.trace_id, span.parent_span_id, is_remote=span.parent_is_remote)
+    return ReadableSpan(
+        name=span.name,
+        context=SpanContext(span.trace_id, span.span_id, is_remote=False, trace_flags=TraceFlags(span.trace_flags)),
+        parent=parent,
+        resource=resource,
+        attributes=span.attributes,
+        events=[Event(name, attributes, timestamp) for name, timestamp, attributes in span.events],
+        links=[Link(SpanContext(trace_id, span_id, is_remote=True), attributes)
+               for trace_id, span_id, attributes in span.links],
+        kind=SpanKind(span.kind),
+        status=Status(StatusCode[span.status_code], span.status_description or None),
+        start_time=span.start_time,
+        end_time=span.end_time if span.end_time is not None else max(last_time, span.start_time),
+        instrumentation_scope=InstrumentationScope(span.scope_name or "unknown", span.scope_version or None),
+    )
+
+
+def make_exporter(endpoint: str | None, protocol: str | None, timeout_s: float) -> tuple[SpanExporter, str]:
+    """The exporter and where it sends: `endpoint` (else the standard
+    variables) with `protocol` (else OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)."""
+    protocol = protocol or export.otlp_protocol()
+    target = endpoint or export.otlp_endpoint()
+    if target is None:
+        raise ValueError("no OTLP endpoint: pass --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT")
+    if "://" not in target:
+        target = "http://" + target
+    parsed = urlparse(target)
+    if not parsed.hostname or parsed.scheme not in ("http", "https"):
+        raise ValueError(f"not an OTLP endpoint URL: {target!r}")
+    export.quiet_exporter_logs()  # replay reports a failure once, itself
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        url = target if parsed.path not in ("", "/") else target.rstrip("/") + "/v1/traces"
+        return HttpExporter(endpoint=url, timeout=timeout_s), url
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+    return GrpcExporter(endpoint=target, insecure=parsed.scheme == "http", timeout=timeout_s), target
+
+
+def replay(
+    contents: Iterable[TraceFileContents],
+    exporter: SpanExporter,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[int, int]:
+    """Exports every span of every file; returns (spans sent, of which in flight).
+    Raises ConnectionError when the back end does not take a batch."""
+    work = []
+    for content in contents:
+        resource = Resource(resource_attributes(content))
+        work.extend(readable(span, resource, content.last_time) for span in content.spans)
+    in_flight = sum(1 for span in work if span.end_time is not None and span.status.status_code is StatusCode.ERROR
+                    and span.attributes.get("sglang.kernel.in_flight"))
+    sent = 0
+    for first in range(0, len(work), BATCH):
+        batch = work[first : first + BATCH]
+        if exporter.export(batch) is not SpanExportResult.SUCCESS:
+            raise ConnectionError(f"the back end did not take the spans ({sent} of {len(work)} sent)")
+        sent += len(batch)
+        if progress is not None:
+            progress(sent, len(work))
+    return sent, in_flight
+
+
+def terminal_progress(stream=sys.stderr) -> Callable[[int, int], None] | None:
+    """A one-line progress bar when stderr is a terminal, else nothing."""
+    if not stream.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        filled = int(30 * done / max(total, 1))
+        stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} spans")
+        if done >= total:
+            stream.write("\n")
+        stream.flush()
+
+    return show
