@@ -84,7 +84,7 @@ def _replay(options) -> int:
 def _demo(options) -> int:
     from .demo import run
 
-    return run(level=options.level)
+    return run(level=options.level, crash=options.crash)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,8 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="run a tiny decode step with a failing request and show what is recorded")
+    demo = commands.add_parser(
+        "demo", help="run the example service with a request that makes a kernel fail, then print the crash report"
+    )
     demo.add_argument("--level", type=int, choices=(1, 3, 5), default=3, help="logging level (default 3)")
+    demo.add_argument("--crash", action="store_true",
+                      help="the failing kernel kills the service process (run as a child), as a GPU crash does")
     demo.set_defaults(handler=_demo)
     report = commands.add_parser(
         "report", help="what the trace files say about a crash: calls in flight, their inputs and requests"

@@ -1,56 +1,126 @@
-"""A tiny decode step with decorated kernels, one request of which carries an
-out-of-range token id (the SGLang tutorial's reproducer; on the CPU the
-embedding raises instead of a device-side assert). Prints SGLang's text log,
-then reads the crash-safe trace file back and shows its spans as a tree."""
+"""The main job of the README: the example service takes a handful of
+concurrent requests, one of which carries a token id outside the vocabulary
+(the SGLang tutorial's reproducer: on the CPU the embedding kernel raises
+instead of a device-side assert). The demo then reads the crash-safe trace
+file back and prints the crash report. With `crash=True` the service runs in a
+child process whose kernel kills it (SIGABRT, as an illegal memory access
+takes a server down), and the report is made from what the dead process left.
+With an OTLP endpoint in the standard variables the same run is exported too.
+"""
 
 from __future__ import annotations
 
-import torch
-from opentelemetry import trace
-from opentelemetry.trace import StatusCode
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
-from . import configure, read_trace_file, trace_file_path
-from .example.model import VOCAB, build_model
+from .example.model import VOCAB
+from .recover.reader import read_trace_file
+from .recover.report import build_report, render_text
 
-K = "sglang.kernel."
-
-
-def _print_tree(spans) -> None:
-    children: dict = {}
-    for span in spans:
-        children.setdefault(span.parent_span_id, []).append(span)
-
-    def show(span, depth: int) -> None:
-        status = f"ERROR {span.status_description}" if span.status_code == "ERROR" else "ok"
-        shape = span.attributes.get(K + "input.arg0.shape")
-        detail = f" arg0.shape={list(shape)}" if shape is not None else ""
-        print(f"  {'  ' * depth}{span.name}{detail}  [{status}]")
-        for child in children.get(span.span_id, []):
-            show(child, depth + 1)
-
-    for root in children.get(0, []):
-        show(root, 0)
+GOOD_REQUESTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11]]
+BAD_REQUEST = [12, VOCAB + 7]
 
 
-def run(level: int = 3) -> int:
-    configure(level=level, log_dest="stdout")
-    decode_step = build_model()
-    tracer = trace.get_tracer("demo.server")
-    requests = {"req-0001": [1, 2, 3], "req-0002": [4, 5], "req-0003": [6, VOCAB + 7]}
-    failed = []
-    for rid, tokens in requests.items():
-        with tracer.start_as_current_span(f"Req {rid}", attributes={"request.id": rid}) as request:
-            try:
-                decode_step(torch.tensor([tokens]))
-            except IndexError as exc:
-                request.set_status(StatusCode.ERROR, str(exc))
-                failed.append(rid)
+def _post(port: int, tokens: list[int]) -> tuple[str, str]:
+    """(traceparent sent, outcome) for one request, as a client would send it."""
+    rng = random.Random()
+    traceparent = f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-01"
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/generate",
+        data=json.dumps({"tokens": tokens}).encode(),
+        headers={"traceparent": traceparent, "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return traceparent, f"{response.status} {response.read().decode()}"
+    except urllib.error.HTTPError as error:
+        return traceparent, f"{error.code} {error.read().decode()}"
+    except (urllib.error.URLError, ConnectionError) as error:
+        return traceparent, f"no answer: the server died ({getattr(error, 'reason', error)})"
+
+
+def _send_all(port: int) -> None:
+    with ThreadPoolExecutor(len(GOOD_REQUESTS)) as pool:
+        outcomes = list(pool.map(lambda tokens: (tokens, *_post(port, tokens)), GOOD_REQUESTS))
+    outcomes.append((BAD_REQUEST, *_post(port, BAD_REQUEST)))
+    for tokens, traceparent, outcome in outcomes:
+        print(f"POST /generate {json.dumps({'tokens': tokens}):28s} traceparent {traceparent}\n    -> {outcome}")
+
+
+def _report(path: str) -> None:
+    print(f"\nCrash report from {path} (sglang-otel-kernels report {os.path.basename(path)}):\n")
+    sys.stdout.write(render_text(build_report([read_trace_file(path)], last=5)))
+
+
+def run(level: int = 3, crash: bool = False) -> int:
+    return _run_crashing(level) if crash else _run_in_process(level)
+
+
+def _run_in_process(level: int) -> int:
+    from opentelemetry import trace
+
+    from . import configure, trace_file_path
+    from .example.server import start
+
+    # SGLang's text log goes to a file here, to keep the screen for the report.
+    log_path = os.path.abspath(f"sglang_kernel_api_{os.getpid()}.log")
+    configure(level=level, log_dest=log_path)
+    server = start()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    print(f"example service on http://127.0.0.1:{server.server_address[1]}, level {level}\n")
+    try:
+        _send_all(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+    flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if flush is not None:
+        flush()
+    print(f"\nSGLang's text log of every call: {log_path}")
     path = trace_file_path()
     if path is None:
-        print("\nNo trace file (SGLANG_KERNEL_API_TRACEFILE=off, or it could not be created).")
+        print("No trace file (SGLANG_KERNEL_API_TRACEFILE=off, or it could not be created).")
         return 0
-    contents = read_trace_file(path)
-    print(f"\nTrace file {path}: {len(contents.spans)} spans")
-    _print_tree(contents.spans)
-    print(f"\nFailed requests: {', '.join(failed) or 'none'}")
+    _report(path)
+    return 0
+
+
+def _run_crashing(level: int) -> int:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "sglang_otel_kernels.example.server", "--port", "0", "--crash", "--level", str(level)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    line = child.stdout.readline() if child.stdout else ""
+    if not line.startswith("listening on http://127.0.0.1:"):
+        child.kill()
+        print("the example service did not start", file=sys.stderr)
+        return 2
+    port = int(line.split(":")[2].split()[0])
+    print(f"example service (pid {child.pid}) on http://127.0.0.1:{port}, level {level}; "
+          f"an out-of-range token will kill it\n")
+    try:
+        _send_all(port)
+        code = child.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        code = child.wait()
+    ended = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    print(f"\nThe service process {child.pid} ended: {ended}.")
+    configured = os.environ.get("SGLANG_KERNEL_API_TRACEFILE", "sglang_kernel_trace_%i.sgltrace")
+    if configured == "off":
+        print("No trace file (SGLANG_KERNEL_API_TRACEFILE=off).")
+        return 0
+    path = os.path.abspath(configured.replace("%i", str(child.pid)))
+    _report(path)
+    print(f"\nTo see these calls inside their request traces in Jaeger (or any OTLP back end):\n"
+          f"    sglang-otel-kernels replay {os.path.basename(path)} --endpoint http://127.0.0.1:4317")
     return 0

@@ -143,12 +143,14 @@ def test_unreadable_files_say_what_is_wrong(tmp_path, content, message):
         path.write_bytes(content)
     with pytest.raises(sok.TraceFileError, match=message):
         sok.read_trace(path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "sglang_otel_kernels", "export", str(path)], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and message in proc.stderr
+    for command in (["export"], ["report"], ["replay", "--endpoint", "http://127.0.0.1:9"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "sglang_otel_kernels", *command, str(path)],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 2, command
+        assert proc.stdout == ""
+        assert proc.stderr.count("\n") == 1 and message in proc.stderr
 
 
 def test_random_garbage_never_crashes_the_reader(tmp_path):

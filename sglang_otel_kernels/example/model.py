@@ -3,6 +3,7 @@ names its own (a custom op, a quant method), so the traces read the same."""
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
@@ -12,14 +13,17 @@ from .. import debug_kernel_api
 VOCAB, HIDDEN = 32, 8
 
 
-def build_model(seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+def build_model(seed: int = 0, crash: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
     """Token ids [batch, length] -> logits [batch, length, VOCAB]. Call after
     `configure`: the kernels are decorated here, as an engine's layers are at import.
-    An out-of-range token id makes the embedding kernel fail (on a GPU, a
-    device-side assert; on the CPU, an IndexError)."""
+    An out-of-range token id makes the embedding kernel fail: an IndexError
+    (a device-side assert on a GPU), or with `crash=True` the death of the
+    process by SIGABRT, as an illegal memory access takes a server down."""
 
     @debug_kernel_api(op_name="sglang.custom_op.embedding")
     def embedding(token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        if crash and int(token_ids.max()) >= table.shape[0]:
+            os.abort()
         return torch.nn.functional.embedding(token_ids, table)
 
     @debug_kernel_api(op_name="sglang.custom_op.rmsnorm")

@@ -54,8 +54,8 @@ class Pending:
 class Scheduler:
     """Gathers requests into batches and runs the model on them, one thread."""
 
-    def __init__(self) -> None:
-        self.model = build_model()
+    def __init__(self, crash: bool = False) -> None:
+        self.model = build_model(crash=crash)
         self.requests: "queue.Queue[Pending]" = queue.Queue()
         self.batches = 0
         self._ids = itertools.count(1)
@@ -133,10 +133,15 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def serve(host: str = "127.0.0.1", port: int = 8000, level: int = 3) -> int:
+def start(host: str = "127.0.0.1", port: int = 0, crash: bool = False):
+    """A server and its scheduler, not yet serving (call serve_forever)."""
+    scheduler = Scheduler(crash=crash)
+    return make_server(host, port, make_app(scheduler), server_class=_ThreadingServer, handler_class=_QuietHandler)
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, level: int = 3, crash: bool = False) -> int:
     configure(level=level, log_dest="off")
-    scheduler = Scheduler()
-    server = make_server(host, port, make_app(scheduler), server_class=_ThreadingServer, handler_class=_QuietHandler)
+    server = start(host, port, crash)
     # Ctrl-C or SIGTERM: stop serving; spans still queued are flushed at exit.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"listening on http://{host}:{server.server_address[1]} (vocabulary {VOCAB})", flush=True)
@@ -154,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     parser.add_argument("--level", type=int, choices=(1, 3, 5), default=3, help="logging level (default 3)")
+    parser.add_argument("--crash", action="store_true",
+                        help="an out-of-range token kills the process (SIGABRT) instead of failing its batch")
     options = parser.parse_args(argv)
-    return serve(options.host, options.port, options.level)
+    return serve(options.host, options.port, options.level, options.crash)
 
 
 if __name__ == "__main__":
