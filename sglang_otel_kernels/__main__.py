@@ -87,8 +87,15 @@ def _demo(options) -> int:
     return run(level=options.level, crash=options.crash)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad options: one line on stderr and exit status 2, like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sglang-otel-kernels",
         description="SGLang-compatible kernel API logging as OpenTelemetry spans, with a crash-safe trace file.",
         epilog=(

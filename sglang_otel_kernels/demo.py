@@ -1,7 +1,7 @@
 """The main job of the README: the example service takes a handful of
 concurrent requests, one of which carries a token id outside the vocabulary
 (the SGLang tutorial's reproducer: on the CPU the embedding kernel raises
-instead of a device-side assert). The demo then reads the crash-safe trace
+instead of a device-side assert), and fails its whole batch. The demo then reads the crash-safe trace
 file back and prints the crash report. With `crash=True` the service runs in a
 child process whose kernel kills it (SIGABRT, as an illegal memory access
 takes a server down), and the report is made from what the dead process left.
@@ -48,9 +48,11 @@ def _post(port: int, tokens: list[int]) -> tuple[str, str]:
 
 
 def _send_all(port: int) -> None:
-    with ThreadPoolExecutor(len(GOOD_REQUESTS)) as pool:
-        outcomes = list(pool.map(lambda tokens: (tokens, *_post(port, tokens)), GOOD_REQUESTS))
-    outcomes.append((BAD_REQUEST, *_post(port, BAD_REQUEST)))
+    """All requests at once: the service batches them, so the failing kernel
+    takes down every request of its batch, and the report names them all."""
+    requests = GOOD_REQUESTS + [BAD_REQUEST]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        outcomes = list(pool.map(lambda tokens: (tokens, *_post(port, tokens)), requests))
     for tokens, traceparent, outcome in outcomes:
         print(f"POST /generate {json.dumps({'tokens': tokens}):28s} traceparent {traceparent}\n    -> {outcome}")
 
