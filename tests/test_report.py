@@ -167,3 +167,34 @@ def test_replay_errors(left_file, tmp_path):
                               capture_output=True, text=True, timeout=60,
                               env={k: v for k, v in __import__("os").environ.items() if not k.startswith("OTEL_")})
     assert env_free.returncode == 2 and "no OTLP endpoint" in env_free.stderr
+
+
+def test_replay_shows_a_progress_bar_on_a_terminal(left_file):
+    import os
+
+    from otlp_receivers import GrpcReceiver
+
+    _, path = left_file
+    receiver = GrpcReceiver()
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "replay", str(path),
+                               "--endpoint", receiver.endpoint], stdout=subprocess.PIPE, stderr=slave, text=True,
+                              timeout=120)
+        os.close(slave)
+        terminal = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            terminal += chunk
+    finally:
+        os.close(master)
+        receiver.stop()
+    assert proc.returncode == 0
+    total = len(__import__("sglang_otel_kernels").read_trace(path))
+    assert f"] {total}/{total} spans".encode() in terminal
+    assert b"[" + b"#" * 30 + b"]" in terminal
