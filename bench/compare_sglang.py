@@ -1,0 +1,185 @@
+"""SGLang's own logger against ours, side by side, on the same inputs and the
+same text-log destination, in one run.
+
+    python bench/compare_sglang.py [--calls 2000] [--repeats 5]
+
+SGLang's logger is `sglang/kernels/kernel_api_logging.py` from the published
+wheel, downloaded now (`pip download --no-deps sglang`) into a temporary
+folder and loaded by path (it needs only torch); it is never copied into this
+repository. Every configuration runs in its own process, because both loggers
+read their settings at import:
+
+  sglang      SGLang's logger, text log to a file
+  text-only   ours, text log to a file, OTEL_SDK_DISABLED=true, trace file off
+  full        ours, text log + span + trace file + OTLP batch export to a
+              local gRPC receiver
+  no-text     ours, SGLANG_KERNEL_API_LOGDEST=off: span + trace file + OTLP
+
+on small tensors as a decode step has (4x4096 and 4096 float32) at levels
+1, 3 and 5, plus a bare call and a bare OpenTelemetry span; and at level 5 on
+a large tensor (64x65536), where the statistics are compared with one
+`torch.aminmax` pass. Per-call microseconds are medians over the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import zipfile
+from concurrent import futures
+
+WHEEL_MEMBER = "sglang/kernels/kernel_api_logging.py"
+
+CHILD = r"""
+import importlib.util, os, statistics, sys, time
+mode, level, size, calls, repeats, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+import torch
+torch.set_num_threads(1)
+if size == "small":
+    args = (torch.randn(4, 4096), torch.randn(4096))
+else:
+    args = (torch.randn(64, 65536),)
+
+def kernel(*tensors, eps=1e-6):
+    return tensors[0]
+
+fn = kernel
+if mode == "sglang":
+    spec = importlib.util.spec_from_file_location("sglang_kernel_api_logging", os.environ["SGLANG_LOGGER_PATH"])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = module.debug_kernel_api(kernel)
+elif mode in ("text-only", "full", "no-text"):
+    import sglang_otel_kernels as sok
+    fn = sok.debug_kernel_api(kernel)
+elif mode == "span":
+    from opentelemetry.sdk.trace import TracerProvider
+    tracer = TracerProvider().get_tracer("bench")
+    def fn(*a, **kw):
+        with tracer.start_as_current_span("kernel"):
+            return kernel(*a, **kw)
+elif mode == "aminmax":
+    def fn(*a, **kw):
+        return torch.aminmax(a[0])
+for _ in range(min(calls, 200)):
+    fn(*args, eps=1e-5)
+samples = []
+for _ in range(repeats):
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(*args, eps=1e-5)
+    samples.append((time.perf_counter() - start) / calls * 1e6)
+    os.truncate(os.path.join(workdir, "text.log"), 0) if os.path.exists(os.path.join(workdir, "text.log")) else None
+print(statistics.median(samples))
+os._exit(0)  # skip the exporter's flush at exit: not part of a call's cost
+"""
+
+
+def fetch_sglang_logger(directory: str) -> str:
+    """Downloads the sglang wheel (no dependencies) and extracts the logger."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
+         "sglang", "-d", directory],
+        capture_output=True, text=True,
+    )
+    wheels = [name for name in os.listdir(directory) if name.startswith("sglang-") and name.endswith(".whl")]
+    if proc.returncode != 0 or not wheels:
+        raise RuntimeError(f"cannot download the sglang wheel: {proc.stderr.strip()[-500:]}")
+    with zipfile.ZipFile(os.path.join(directory, wheels[0])) as wheel:
+        wheel.extract(WHEEL_MEMBER, directory)
+    return os.path.join(directory, WHEEL_MEMBER), wheels[0]
+
+
+def live_receiver():
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):  # noqa: N802
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"http://127.0.0.1:{port}"
+
+
+def environment(mode: str, level: int, workdir: str, logger: str, endpoint: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    text_log = os.path.join(workdir, "text.log")
+    env.update(SGLANG_LOGGER_PATH=logger, SGLANG_KERNEL_API_LOGLEVEL=str(level), SGLANG_KERNEL_API_LOGDEST=text_log,
+               SGLANG_KERNEL_API_TRACEFILE=os.path.join(workdir, "trace_%i.sgltrace"))
+    if mode == "text-only":
+        env.update(OTEL_SDK_DISABLED="true", SGLANG_KERNEL_API_TRACEFILE="off")
+    if mode in ("full", "no-text"):
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_INSECURE="true")
+    if mode == "no-text":
+        env["SGLANG_KERNEL_API_LOGDEST"] = "off"
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per timed repeat (small tensors)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
+    options = parser.parse_args(argv)
+    workdir = tempfile.mkdtemp(prefix="sok-compare-")
+    try:
+        logger, wheel = fetch_sglang_logger(workdir)
+    except RuntimeError as exc:
+        print(f"compare_sglang: {exc}", file=sys.stderr)
+        return 2
+    server, endpoint = live_receiver()
+
+    def measure(mode: str, level: int, size: str = "small") -> float:
+        calls = options.calls if size == "small" else max(options.calls // 100, 10)
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, mode, str(level), size, str(calls), str(options.repeats), workdir],
+            env=environment(mode, level, workdir, logger, endpoint), capture_output=True, text=True, timeout=900,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{mode} level {level} {size}: {proc.stderr.strip()[-800:]}")
+        return float(proc.stdout)
+
+    try:
+        bare, span = measure("bare", 0), measure("span", 0)
+        rows = {}
+        for level in (1, 3, 5):
+            rows[level] = {mode: measure(mode, level) for mode in ("sglang", "text-only", "full", "no-text")}
+        large = {
+            "sglang L5": measure("sglang", 5, "large"),
+            "text-only L5": measure("text-only", 5, "large"),
+            "text-only L3": measure("text-only", 3, "large"),
+            "aminmax": measure("aminmax", 0, "large"),
+        }
+    finally:
+        server.stop(grace=None)
+
+    targets = {("text-only", 1): 0.25, ("text-only", 3): 0.25, ("text-only", 5): 0.25,
+               ("full", 1): 0.75, ("full", 3): 0.2, ("full", 5): 0.1, ("no-text", 1): 0.5}
+    print(f"SGLang logger from {wheel}; python {sys.version.split()[0]}; small tensors 4x4096 + 4096 float32, "
+          f"{options.calls} calls x {options.repeats} repeats, medians; bare call {bare:.2f} us, "
+          f"bare OTel span {span:.2f} us")
+    print(f"{'level':>5s} {'configuration':12s} {'us/call':>9s} {'vs SGLang':>10s} {'target':>7s} {'met':>4s}")
+    for level, measured in rows.items():
+        for mode, value in measured.items():
+            ratio = value / measured["sglang"]
+            target = targets.get((mode, level))
+            verdict = "" if target is None else ("yes" if ratio <= target else "NO")
+            print(f"{level:5d} {mode:12s} {value:9.2f} {ratio:9.3f}x {'' if target is None else f'<={target}':>7s} "
+                  f"{verdict:>4s}")
+    stats_cost = large["text-only L5"] - large["text-only L3"]
+    print(f"large tensor 64x65536 float32: SGLang L5 {large['sglang L5']:.0f} us, ours L5 {large['text-only L5']:.0f} us "
+          f"({large['text-only L5'] / large['sglang L5']:.3f}x); our statistics {stats_cost:.0f} us = "
+          f"{stats_cost / large['aminmax']:.2f}x one aminmax pass ({large['aminmax']:.0f} us; target <= 1.3x: "
+          f"{'yes' if stats_cost <= 1.3 * large['aminmax'] else 'NO'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
