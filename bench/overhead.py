@@ -6,7 +6,8 @@ Each row times the same kernel call (4x4096 and 4096 float32 CPU tensors, as in
 a decode step) undecorated, inside a bare OpenTelemetry span, and decorated at
 levels 0, 1, 3 and 5, with the text log to a file and/or spans to an SDK
 TracerProvider (recording, no exporter, so the cost is ours and the SDK's),
-without and with the crash-safe trace file.
+without and with the crash-safe trace file, and in black-box mode (calls
+straight into the trace file, no span).
 Figures are medians over the repeats; ratios are against the bare call and the
 bare span of the same run.
 """
@@ -66,10 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     span = run(in_bare_span)
     rows = [("bare call", "-", bare), ("bare OTel span", "-", span)]
     modes = [
-        ("text file only", dict(log_dest=log_path, spans=False, trace_file="off")),
-        ("spans only", dict(log_dest="off", spans=True, trace_file="off")),
-        ("text file + spans", dict(log_dest=log_path, spans=True, trace_file="off")),
-        ("spans + trace file", dict(log_dest="off", spans=True, trace_file=trace_path)),
+        ("text file only", dict(log_dest=log_path, spans=False, trace_file="off", blackbox=False)),
+        ("spans only", dict(log_dest="off", spans=True, trace_file="off", blackbox=False)),
+        ("text file + spans", dict(log_dest=log_path, spans=True, trace_file="off", blackbox=False)),
+        ("spans + trace file", dict(log_dest="off", spans=True, trace_file=trace_path, blackbox=False)),
+        ("black box (file only)", dict(log_dest="off", spans=True, trace_file=trace_path, blackbox=True)),
     ]
     sok.configure(level=0, trace_file="off")
     rows.append(("level 0 (identity)", "0", run(sok.debug_kernel_api(kernel))))

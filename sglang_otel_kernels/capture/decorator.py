@@ -23,7 +23,8 @@ from .._version import __version__
 from ..describe.statistics import fill_statistics
 from ..describe.values import describe, tensors_in
 from ..record import attributes as _attrs
-from ..record.processor import set_writer
+from ..record.blackbox import BlackBoxSite
+from ..record.processor import current_writer, set_writer
 from ..record.setup import make_writer
 from ..record.spans import TRACER_NAME, SpanRecorder
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
@@ -44,9 +45,12 @@ class _Runtime:
             previous.text.close()
         self.text = TextLog(cfg.log_dest)
         self.spans = SpanRecorder(cfg.tracer_provider) if cfg.spans else None
+        # Black box: kernel calls go straight to the trace file, not as spans
+        # (the provider is still set up, for the spans around them).
+        self.blackbox = cfg.blackbox
         # The same trace-file settings keep the same file: a new writer would
         # start the file afresh and lose what it holds.
-        self.trace_file_key = (cfg.level > 0, cfg.spans, cfg.trace_file, cfg.trace_file_size,
+        self.trace_file_key = (cfg.level > 0, cfg.spans, cfg.blackbox, cfg.trace_file, cfg.trace_file_size,
                                cfg.trace_file_fsync, cfg.faulthandler)
         if previous is None or previous.trace_file_key != self.trace_file_key:
             set_writer(make_writer(cfg))
@@ -107,22 +111,25 @@ def _positional_names(index: int) -> tuple[str, str]:
 
 
 class _Call:
-    __slots__ = ("span", "token", "inputs_nonfinite")
+    __slots__ = ("span", "token", "inputs_nonfinite", "writer", "seq")
 
-    def __init__(self, span, token, inputs_nonfinite: list) -> None:
+    def __init__(self, span, token, inputs_nonfinite: list, writer=None, seq: int = 0) -> None:
         self.span = span
         self.token = token
         self.inputs_nonfinite = inputs_nonfinite
+        self.writer = writer  # the trace file of a black-box call
+        self.seq = seq
 
 
 class KernelSite:
     """One decorated function: its name and level, fixed at decoration time."""
 
-    __slots__ = ("name", "level", "skip_self", "with_args", "with_stats")
+    __slots__ = ("name", "level", "skip_self", "with_args", "with_stats", "box")
 
     def __init__(self, func: Callable[..., Any], name: str, level: int) -> None:
         self.name = name
         self.level = level
+        self.box = BlackBoxSite(name)
         self.skip_self = takes_self_first(func)
         self.with_args = level >= 3
         self.with_stats = level >= 5
@@ -156,6 +163,11 @@ class KernelSite:
                 )
             runtime.text.write_lines(lines)
         nonfinite: list = []
+        if runtime.blackbox:
+            writer = current_writer()
+            if writer is not None:
+                self.box.start(writer, seq)
+            return _Call(None, None, nonfinite, writer, seq)
         if runtime.spans is None:
             return _Call(None, None, nonfinite)
         attrs = {_attrs.NAME: self.name, _attrs.LEVEL: self.level, _attrs.SEQ: seq}
@@ -194,6 +206,8 @@ class KernelSite:
         finally:
             if call.span is not None:
                 SpanRecorder.end(call.span, call.token)
+            elif call.writer is not None:
+                BlackBoxSite.end(call.writer, call.seq)
 
     def _record_output(self, runtime: _Runtime, call: _Call, node) -> None:
         outputs_nonfinite: list = []
@@ -221,6 +235,11 @@ class KernelSite:
         except Exception as inner:
             _warn_once(f"logging the exception of {self.name}", inner)
         if call.span is None:
+            if call.writer is not None:
+                try:
+                    BlackBoxSite.fail(call.writer, call.seq, exc)
+                except Exception as inner:
+                    _warn_once(f"recording the exception of {self.name}", inner)
             return
         try:
             SpanRecorder.fail(call.span, exc)

@@ -9,7 +9,6 @@ ends the span, so the call that was running when the process died is on disk.
 from __future__ import annotations
 
 import sys
-import threading
 from threading import get_ident
 
 from opentelemetry.sdk.trace import SpanProcessor
@@ -90,15 +89,10 @@ class TraceFileProcessor(SpanProcessor):
     """
 
     def __init__(self) -> None:
-        self._threads: set = set()
         self._scopes: dict = {}
         # Attributes of small spans at their start, to end them with a compact
         # record when nothing changed (a level-1 kernel span, most request spans).
         self._unchanged: dict = {}
-
-    def _new_thread(self, writer, ident: int) -> None:
-        self._threads.add(ident)
-        writer.append((tracefile.THREAD, ident, threading.current_thread().name))
 
     def _scope(self, scope) -> tuple:
         # Keyed by id (InstrumentationScope hashes in Python); the entry keeps
@@ -117,8 +111,7 @@ class TraceFileProcessor(SpanProcessor):
             context = span.context
             parent = span.parent
             thread = get_ident()
-            if thread not in self._threads:
-                self._new_thread(writer, thread)
+            writer.note_thread(thread)
             attributes = _attributes(span)
             if len(attributes) <= _SMALL and len(self._unchanged) < _MAX_OPEN:
                 self._unchanged[context.span_id] = attributes.copy()

@@ -94,12 +94,13 @@ def attach_trace_file(provider) -> None:
 
 
 def make_writer(cfg: "_config.KernelTraceConfig") -> "tracefile.TraceFileWriter | None":
-    if cfg.level == 0 or not cfg.spans or cfg.trace_file == _config.OFF:
+    if cfg.level == 0 or (not cfg.spans and not cfg.blackbox) or cfg.trace_file == _config.OFF:
         return None
     metadata = {
         "format": "sglang-otel-kernels trace file",
         "package_version": __version__,
         "level": cfg.level,
+        "blackbox": cfg.blackbox,
         "host": socket.gethostname(),
         "argv": sys.argv,
         "python": sys.version.split()[0],

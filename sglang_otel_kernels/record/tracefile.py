@@ -17,9 +17,11 @@ Layout (all integers little-endian):
 
     record   u32 RECORD_MAGIC, u32 payload length, u64 sequence number,
              u32 CRC-32 of the payload, u32 encoding, payload, padding to 8
-             bytes; encoding 0: a marshal tuple (START, END or THREAD
-             record), 1: COMPACT_END, the end of a span whose attributes did
-             not change and that has no events (span id, end time, status)
+             bytes; encoding 0: a marshal tuple (START, END, THREAD, SITE or
+             FAILURE record), 1: COMPACT_END, the end of a span whose
+             attributes did not change and that has no events (span id, end
+             time, status); 2 and 3: KERNEL_START / KERNEL_END, a kernel call
+             of the black box, recorded without a span
 
 When a record does not fit before the end of the ring, writing continues at
 its start, over the oldest records; a record partly overwritten, or torn by a
@@ -50,7 +52,14 @@ RECORD_MAGIC = 0x524B4F53  # b"SOKR"
 RECORD_HEADER = struct.Struct("<IIQII")
 ENCODING_MARSHAL = 0
 ENCODING_COMPACT_END = 1
+ENCODING_KERNEL_START = 2
+ENCODING_KERNEL_END = 3
 COMPACT_END = struct.Struct("<QqB")  # span id, end time, status code
+# Black box: a kernel call recorded without a span. Site id, call number,
+# start time, thread, then the trace id (high, low) and span id of the span
+# current around the call (zeros when none).
+KERNEL_START = struct.Struct("<IQqQQQQ")
+KERNEL_END = struct.Struct("<QqB")  # call number, end time, status code
 ALIGN = 8
 MARSHAL_VERSION = 4
 
@@ -58,6 +67,8 @@ MARSHAL_VERSION = 4
 START = "S"
 END = "E"
 THREAD = "T"
+SITE = "K"  # (SITE, site id, kernel name), before a black-box site's first record
+FAILURE = "X"  # (FAILURE, call number, exception type, message): a black-box call that raised
 
 _writers: "weakref.WeakSet[TraceFileWriter]" = weakref.WeakSet()
 
@@ -108,6 +119,10 @@ class TraceFileWriter:
         self._view: memoryview | None = None
         self._offset = 0
         self._sequence = 0
+        # Bumped when the file is opened and when the ring wraps: black-box
+        # sites write their name again then, so it is always in the file.
+        self.generation = 0
+        self._noted: dict = {}  # (kind, key) -> generation its record was written in
         self._forked_from: int | None = None
         _writers.add(self)
 
@@ -142,6 +157,7 @@ class TraceFileWriter:
         self._view = memoryview(self._map)
         self.path = path
         self._offset = 0
+        self.generation += 1
         if self.on_open is not None:
             self.on_open(path)
         return True
@@ -165,6 +181,7 @@ class TraceFileWriter:
         self._forked_from = os.getppid()
         self.path = None
         self._sequence = 0
+        self._noted = {}
 
     def close(self) -> None:
         with self._lock:
@@ -195,6 +212,27 @@ class TraceFileWriter:
         if not self.failed:
             self._write(ENCODING_COMPACT_END, COMPACT_END.pack(span_id, end_time, status))
 
+    def note(self, record: tuple) -> None:
+        """Writes a naming record (a thread's name, a black-box site's kernel
+        name) once per generation, so that it is in the file, whatever the
+        ring overwrote, for the records that refer to it."""
+        key = record[:2]
+        if self._noted.get(key) != self.generation:
+            self.append(record)
+            self._noted[key] = self.generation
+
+    def note_thread(self, ident: int) -> None:
+        if self._noted.get((THREAD, ident)) != self.generation:
+            self.note((THREAD, ident, threading.current_thread().name))
+
+    def kernel_start(self, payload: bytes) -> None:
+        if not self.failed:
+            self._write(ENCODING_KERNEL_START, payload)
+
+    def kernel_end(self, payload: bytes) -> None:
+        if not self.failed:
+            self._write(ENCODING_KERNEL_END, payload)
+
     def _write(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
         # The defaults bind what this needs as locals: it runs twice per kernel call.
         length = len(payload)
@@ -214,6 +252,7 @@ class TraceFileWriter:
             offset = self._offset
             if offset + padded > self.capacity:
                 offset = 0
+                self.generation += 1
             start = HEADER_SIZE + offset
             view[start : start + size] = _pack(RECORD_MAGIC, length, sequence, crc, encoding) + payload
             self._offset = offset + padded

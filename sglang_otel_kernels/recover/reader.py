@@ -24,6 +24,12 @@ IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
 STATUS_NAMES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 _RECORD_MAGIC_BYTES = struct.pack("<I", fmt.RECORD_MAGIC)
 _COMPACT_END = "e"
+_KERNEL_START = "ks"
+_KERNEL_END = "ke"
+BLACKBOX = "sglang.kernel.blackbox"
+# Black-box calls have no span id of their own: theirs is made from the call
+# number, with a high tag no random id of the SDK is likely to share.
+_BLACKBOX_SPAN_TAG = 0xB1AC << 48
 _START_FIELDS = 13
 _END_FIELDS = 8
 
@@ -164,6 +170,14 @@ def _decode(payload: bytes, crc: int, encoding: int):
             return None
         span_id, end_time, status = fmt.COMPACT_END.unpack(payload)
         return (_COMPACT_END, span_id, end_time, status)
+    if encoding == fmt.ENCODING_KERNEL_START:
+        if len(payload) != fmt.KERNEL_START.size:
+            return None
+        return (_KERNEL_START, *fmt.KERNEL_START.unpack(payload))
+    if encoding == fmt.ENCODING_KERNEL_END:
+        if len(payload) != fmt.KERNEL_END.size:
+            return None
+        return (_KERNEL_END, *fmt.KERNEL_END.unpack(payload))
     if encoding != fmt.ENCODING_MARSHAL:
         return None
     try:
@@ -173,7 +187,9 @@ def _decode(payload: bytes, crc: int, encoding: int):
     if not isinstance(record, tuple) or not record:
         return None
     kind = record[0]
-    if kind == fmt.THREAD and len(record) == 3 and isinstance(record[1], int):
+    if kind in (fmt.THREAD, fmt.SITE) and len(record) == 3 and isinstance(record[1], int):
+        return record
+    if kind == fmt.FAILURE and len(record) == 4 and isinstance(record[1], int):
         return record
     if kind == fmt.START and len(record) == _START_FIELDS and _well_formed_start(record):
         return record
@@ -220,13 +236,55 @@ def _assemble(records: list[tuple]) -> tuple[list[RecoveredSpan], int, int]:
         elif kind == fmt.END:
             ends[record[2]] = record
             last_time = max(last_time, record[3])
-        else:  # compact end: (kind, span id, end time, status)
+        elif kind == _COMPACT_END:  # (kind, span id, end time, status)
             ends[record[1]] = record
             last_time = max(last_time, record[2])
     orphans = sum(1 for span_id in ends if span_id not in starts)
     spans = [_span(start, ends.get(span_id), threads) for span_id, start in starts.items()]
+    spans.extend(_blackbox_calls(records, threads))
     spans.sort(key=lambda span: span.start_time)
-    return spans, last_time, orphans
+    return spans, max([last_time] + [s.end_time or s.start_time for s in spans]), orphans
+
+
+def _blackbox_calls(records: list[tuple], threads: dict[int, str]) -> list[RecoveredSpan]:
+    sites: dict[int, str] = {}
+    starts: dict[int, tuple] = {}
+    ends: dict[int, tuple] = {}
+    failures: dict[int, tuple] = {}
+    for record in records:
+        kind = record[0]
+        if kind == fmt.SITE:
+            sites[record[1]] = str(record[2])
+        elif kind == _KERNEL_START:
+            starts[record[2]] = record
+        elif kind == _KERNEL_END:
+            ends[record[1]] = record
+        elif kind == fmt.FAILURE:
+            failures[record[1]] = record
+    calls = []
+    for seq, (_, site, _, start_time, thread, trace_high, trace_low, parent_id) in starts.items():
+        name = sites.get(site, f"<kernel site {site}>")
+        end = ends.get(seq)
+        failure = failures.get(seq)
+        attributes = {"sglang.kernel.name": name, "sglang.kernel.seq": seq, BLACKBOX: True}
+        events: list = []
+        if end is None:
+            end_time, status, description = None, "ERROR", IN_FLIGHT_DESCRIPTION
+            attributes[IN_FLIGHT] = True
+        else:
+            end_time, status = end[2], STATUS_NAMES.get(end[3], "UNSET")
+            description = ""
+            if failure is not None:
+                description = f"{failure[2]}: {failure[3]}"
+                events.append(("exception", end_time, {"exception.type": failure[2], "exception.message": failure[3]}))
+        calls.append(RecoveredSpan(
+            name=name, trace_id=(trace_high << 64) | trace_low, span_id=_BLACKBOX_SPAN_TAG | (seq & ((1 << 48) - 1)),
+            parent_span_id=parent_id, parent_is_remote=False, kind=0, start_time=start_time, end_time=end_time,
+            status_code=status, status_description=description, attributes=attributes, events=events, links=[],
+            thread_id=thread, thread_name=threads.get(thread), scope_name="sglang_otel_kernels", scope_version="",
+            trace_flags=1, in_flight=end is None,
+        ))
+    return calls
 
 
 def _span(start: tuple, end: tuple | None, threads: dict[int, str]) -> RecoveredSpan:
