@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import zipfile
-from concurrent import futures
+
+from local_receiver import live_receiver
 
 WHEEL_MEMBER = "sglang/kernels/kernel_api_logging.py"
 
@@ -94,21 +94,6 @@ def fetch_sglang_logger(directory: str) -> str:
     with zipfile.ZipFile(os.path.join(directory, wheels[0])) as wheel:
         wheel.extract(WHEEL_MEMBER, directory)
     return os.path.join(directory, WHEEL_MEMBER), wheels[0]
-
-
-def live_receiver():
-    import grpc
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-
-    class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request, context):  # noqa: N802
-            return trace_service_pb2.ExportTraceServiceResponse()
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return server, f"http://127.0.0.1:{port}"
 
 
 def environment(mode: str, level: int, workdir: str, logger: str, endpoint: str) -> dict[str, str]:

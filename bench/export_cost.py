@@ -21,7 +21,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from concurrent import futures
+
+from local_receiver import live_receiver
 
 CHILD = """
 import statistics, sys, time, torch, sglang_otel_kernels as sok
@@ -43,22 +44,6 @@ for _ in range(5):
     samples.append((time.perf_counter() - start) / calls * 1e6)
 print(statistics.median(samples))
 """
-
-
-def live_receiver():
-    """A gRPC OTLP receiver on loopback that accepts and discards."""
-    import grpc
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-
-    class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request, context):  # noqa: N802
-            return trace_service_pb2.ExportTraceServiceResponse()
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return server, f"http://127.0.0.1:{port}"
 
 
 def unused_port() -> int:
