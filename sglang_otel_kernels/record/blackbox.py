@@ -26,25 +26,33 @@ STATUS_ERROR = 2
 class BlackBoxSite:
     """One decorated kernel's records."""
 
-    __slots__ = ("site_id", "name")
+    __slots__ = ("site_id", "name", "_noted_in", "_noted_generation")
 
     def __init__(self, name: str) -> None:
         self.site_id = next(_site_ids)
         self.name = name
+        self._noted_in = None  # the writer, and its generation, the name was last written to
+        self._noted_generation = -1
 
-    def start(self, writer: "tracefile.TraceFileWriter", seq: int, _pack=tracefile.KERNEL_START.pack) -> None:
+    def start(self, writer: "tracefile.TraceFileWriter", seq: int, _pack=tracefile.KERNEL_START.pack,
+              _kind=tracefile.ENCODING_KERNEL_START) -> None:
         context = trace.get_current_span().get_span_context()
         thread = get_ident()
-        writer.note((tracefile.SITE, self.site_id, self.name))
-        writer.note_thread(thread)
+        if self._noted_in is not writer or self._noted_generation != writer.generation:
+            writer.note((tracefile.SITE, self.site_id, self.name))
+            self._noted_in, self._noted_generation = writer, writer.generation
+        if writer.thread_generation.get(thread) != writer.generation:
+            writer.note_thread(thread)
         trace_id = context.trace_id
-        writer.kernel_start(_pack(self.site_id, seq, time_ns(), thread, trace_id >> 64, trace_id & _LOW64,
-                                  context.span_id))
+        if not writer.failed:
+            writer._write(_kind, _pack(self.site_id, seq, time_ns(), thread, trace_id >> 64, trace_id & _LOW64,
+                                       context.span_id))
 
     @staticmethod
     def end(writer: "tracefile.TraceFileWriter", seq: int, status: int = STATUS_OK,
-            _pack=tracefile.KERNEL_END.pack) -> None:
-        writer.kernel_end(_pack(seq, time_ns(), status))
+            _pack=tracefile.KERNEL_END.pack, _kind=tracefile.ENCODING_KERNEL_END) -> None:
+        if not writer.failed:
+            writer._write(_kind, _pack(seq, time_ns(), status))
 
     @classmethod
     def fail(cls, writer: "tracefile.TraceFileWriter", seq: int, exc: BaseException) -> None:

@@ -123,6 +123,7 @@ class TraceFileWriter:
         # sites write their name again then, so it is always in the file.
         self.generation = 0
         self._noted: dict = {}  # (kind, key) -> generation its record was written in
+        self.thread_generation: dict = {}  # thread ident -> generation its THREAD record was written in
         self._forked_from: int | None = None
         _writers.add(self)
 
@@ -182,6 +183,7 @@ class TraceFileWriter:
         self.path = None
         self._sequence = 0
         self._noted = {}
+        self.thread_generation = {}
 
     def close(self) -> None:
         with self._lock:
@@ -222,16 +224,9 @@ class TraceFileWriter:
             self._noted[key] = self.generation
 
     def note_thread(self, ident: int) -> None:
-        if self._noted.get((THREAD, ident)) != self.generation:
-            self.note((THREAD, ident, threading.current_thread().name))
-
-    def kernel_start(self, payload: bytes) -> None:
-        if not self.failed:
-            self._write(ENCODING_KERNEL_START, payload)
-
-    def kernel_end(self, payload: bytes) -> None:
-        if not self.failed:
-            self._write(ENCODING_KERNEL_END, payload)
+        if self.thread_generation.get(ident) != self.generation:
+            self.append((THREAD, ident, threading.current_thread().name))
+            self.thread_generation[ident] = self.generation
 
     def _write(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
         # The defaults bind what this needs as locals: it runs twice per kernel call.
