@@ -45,14 +45,14 @@ class BlackBoxSite:
             writer.note_thread(thread)
         trace_id = context.trace_id
         if not writer.failed:
-            writer._write(_kind, _pack(self.site_id, seq, time_ns(), thread, trace_id >> 64, trace_id & _LOW64,
+            writer.write_record(_kind, _pack(self.site_id, seq, time_ns(), thread, trace_id >> 64, trace_id & _LOW64,
                                        context.span_id))
 
     @staticmethod
     def end(writer: "tracefile.TraceFileWriter", seq: int, status: int = STATUS_OK,
             _pack=tracefile.KERNEL_END.pack, _kind=tracefile.ENCODING_KERNEL_END) -> None:
         if not writer.failed:
-            writer._write(_kind, _pack(seq, time_ns(), status))
+            writer.write_record(_kind, _pack(seq, time_ns(), status))
 
     @classmethod
     def fail(cls, writer: "tracefile.TraceFileWriter", seq: int, exc: BaseException) -> None:

@@ -207,12 +207,12 @@ class TraceFileWriter:
             payload = _dumps(record, MARSHAL_VERSION)
         except ValueError:
             payload = _marshal_with_reprs(record)
-        self._write(ENCODING_MARSHAL, payload)
+        self.write_record(ENCODING_MARSHAL, payload)
 
     def append_end(self, span_id: int, end_time: int, status: int) -> None:
         """The end of a span that added nothing but its end time and status."""
         if not self.failed:
-            self._write(ENCODING_COMPACT_END, COMPACT_END.pack(span_id, end_time, status))
+            self.write_record(ENCODING_COMPACT_END, COMPACT_END.pack(span_id, end_time, status))
 
     def note(self, record: tuple) -> None:
         """Writes a naming record (a thread's name, a black-box site's kernel
@@ -228,8 +228,9 @@ class TraceFileWriter:
             self.append((THREAD, ident, threading.current_thread().name))
             self.thread_generation[ident] = self.generation
 
-    def _write(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
-        # The defaults bind what this needs as locals: it runs twice per kernel call.
+    def write_record(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
+        """Frames and copies one encoded record into the ring (thread-safe).
+        The defaults bind what it needs as locals: it runs twice per kernel call."""
         length = len(payload)
         size = RECORD_HEADER.size + length
         padded = (size + ALIGN - 1) & -ALIGN
