@@ -48,6 +48,9 @@ class _Runtime:
         # Black box: kernel calls go straight to the trace file, not as spans
         # (the provider is still set up, for the spans around them).
         self.blackbox = cfg.blackbox
+        # Arguments are described (and, at level 5, their statistics computed)
+        # only for a reader: the text log, or a span's attributes.
+        self.describes_arguments = self.text.enabled or (self.spans is not None and not self.blackbox)
         # The same trace-file settings keep the same file: a new writer would
         # start the file afresh and lose what it holds.
         self.trace_file_key = (cfg.level > 0, cfg.spans, cfg.blackbox, cfg.trace_file, cfg.trace_file_size,
@@ -146,18 +149,18 @@ class KernelSite:
         seq = next(_call_numbers)
         positional = args[1:] if self.skip_self and args else args
         entries = ()
-        if self.with_args:
+        if self.with_args and runtime.describes_arguments:
             entries = [(*_positional_names(i), describe(value)) for i, value in enumerate(positional)]
             entries += [(key, "input." + key, describe(value)) for key, value in kwargs.items()]
             if self.with_stats:
                 fill_statistics(tensors_in([node for _, _, node in entries]))
         if runtime.text.enabled:
             lines = call_header(self.name)
-            if positional and self.with_args:
+            if positional and entries:
                 lines += section_lines(
                     "Positional input arguments:", [(n, d) for n, _, d in entries[: len(positional)]], self.with_stats
                 )
-            if kwargs and self.with_args:
+            if kwargs and entries:
                 lines += section_lines(
                     "Keyword input arguments:", [(n, d) for n, _, d in entries[len(positional):]], self.with_stats
                 )
@@ -191,7 +194,7 @@ class KernelSite:
         if call is None:
             return
         try:
-            if not self.with_args:
+            if not self.with_args or not _runtime.describes_arguments:
                 return
             node = describe(result)
             if self.with_stats:
