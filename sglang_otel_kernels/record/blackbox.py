@@ -39,7 +39,7 @@ class BlackBoxSite:
         context = trace.get_current_span().get_span_context()
         thread = get_ident()
         if self._noted_in is not writer or self._noted_generation != writer.generation:
-            writer.note((tracefile.SITE, self.site_id, self.name))
+            writer.append((tracefile.SITE, self.site_id, self.name))
             self._noted_in, self._noted_generation = writer, writer.generation
         if writer.thread_generation.get(thread) != writer.generation:
             writer.note_thread(thread)

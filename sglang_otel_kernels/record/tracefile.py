@@ -119,10 +119,10 @@ class TraceFileWriter:
         self._view: memoryview | None = None
         self._offset = 0
         self._sequence = 0
-        # Bumped when the file is opened and when the ring wraps: black-box
-        # sites write their name again then, so it is always in the file.
+        # Bumped when the file is opened and when the ring wraps: thread names
+        # and black-box kernel names are written again then, so that they are
+        # in the file, whatever the ring overwrote, for the records using them.
         self.generation = 0
-        self._noted: dict = {}  # (kind, key) -> generation its record was written in
         self.thread_generation: dict = {}  # thread ident -> generation its THREAD record was written in
         self._forked_from: int | None = None
         _writers.add(self)
@@ -182,7 +182,6 @@ class TraceFileWriter:
         self._forked_from = os.getppid()
         self.path = None
         self._sequence = 0
-        self._noted = {}
         self.thread_generation = {}
 
     def close(self) -> None:
@@ -214,16 +213,8 @@ class TraceFileWriter:
         if not self.failed:
             self.write_record(ENCODING_COMPACT_END, COMPACT_END.pack(span_id, end_time, status))
 
-    def note(self, record: tuple) -> None:
-        """Writes a naming record (a thread's name, a black-box site's kernel
-        name) once per generation, so that it is in the file, whatever the
-        ring overwrote, for the records that refer to it."""
-        key = record[:2]
-        if self._noted.get(key) != self.generation:
-            self.append(record)
-            self._noted[key] = self.generation
-
     def note_thread(self, ident: int) -> None:
+        """Writes the thread's name once per generation."""
         if self.thread_generation.get(ident) != self.generation:
             self.append((THREAD, ident, threading.current_thread().name))
             self.thread_generation[ident] = self.generation
