@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-import sys
 from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from .notices import warn
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -53,10 +54,6 @@ class KernelTraceConfig:
     blackbox: bool = False
 
 
-def _warn(message: str) -> None:
-    print(f"sglang_otel_kernels: {message}", file=sys.stderr)
-
-
 def parse_level(raw: str) -> int:
     """SGLang's levels; anything else that is a non-negative integer is kept, as
     SGLang compares with thresholds (2 acts as 1, 4 as 3)."""
@@ -95,7 +92,7 @@ def _from_env(environ: Mapping[str, str], name: str, parse: Callable[[str], Any]
     try:
         return parse(raw)
     except ValueError as exc:
-        _warn(f"cannot parse {name}={raw!r} ({exc}), using {default!r}")
+        warn(f"cannot parse {name}={raw!r} ({exc}), using {default!r}")
         return default
 
 
@@ -108,10 +105,10 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         try:
             level = parse_level(raw_level)
         except ValueError:
-            _warn(f"cannot parse SGLANG_KERNEL_API_LOGLEVEL={raw_level!r}, using 0")
+            warn(f"cannot parse SGLANG_KERNEL_API_LOGLEVEL={raw_level!r}, using 0")
     log_dest = environ.get("SGLANG_KERNEL_API_LOGDEST", "stdout").strip()
     if not log_dest:
-        _warn("SGLANG_KERNEL_API_LOGDEST is empty, using stdout")
+        warn("SGLANG_KERNEL_API_LOGDEST is empty, using stdout")
         log_dest = "stdout"
     sdk_disabled = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
     trace_file = environ.get("SGLANG_KERNEL_API_TRACEFILE", DEFAULT_TRACE_FILE).strip() or DEFAULT_TRACE_FILE

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-import sys
 from typing import Any, Callable, TypeVar, overload
 
 import torch
@@ -21,6 +20,7 @@ from opentelemetry import trace
 from .. import config as _config
 from .._version import __version__
 from ..describe.statistics import fill_statistics
+from ..notices import warn_once
 from ..describe.values import describe, tensors_in
 from ..record import attributes as _attrs
 from ..record.blackbox import BlackBoxSite
@@ -61,7 +61,6 @@ class _Runtime:
 
 _runtime = _Runtime(_config.get_config())
 _call_numbers = itertools.count(1)
-_warned: set = set()
 
 
 def _reconfigure(cfg: _config.KernelTraceConfig) -> None:
@@ -94,14 +93,7 @@ def kernel_tracer():
 
 
 def _warn_once(what: str, exc: BaseException) -> None:
-    if what in _warned:
-        return
-    _warned.add(what)
-    print(
-        f"sglang_otel_kernels: {what} failed ({type(exc).__name__}: {exc}); "
-        "the kernel call goes on unrecorded in part",
-        file=sys.stderr,
-    )
+    warn_once(what, f"{what} failed ({type(exc).__name__}: {exc}); the kernel call goes on unrecorded in part")
 
 
 _POSITIONAL_NAMES = [(f"arg[{i}]", f"input.arg{i}") for i in range(64)]

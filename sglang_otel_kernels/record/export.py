@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
@@ -22,13 +21,11 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, TraceIdRatioBased
 
+from ..notices import warn
+
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 DEFAULT_MAX_QUEUE = 2048
 _processors: "weakref.WeakSet[ExportProcessor]" = weakref.WeakSet()
-
-
-def _report(message: str) -> None:
-    print(f"sglang_otel_kernels: {message}", file=sys.stderr)
 
 
 def otlp_endpoint(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -45,7 +42,7 @@ def otlp_protocol(environ: Mapping[str, str] = os.environ) -> str:
         environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
     ).strip().lower()
     if value not in ("grpc", "http/protobuf"):
-        _report(f"OTLP protocol {value!r} is not supported (grpc or http/protobuf); using grpc")
+        warn(f"OTLP protocol {value!r} is not supported (grpc or http/protobuf); using grpc")
         return "grpc"
     return value
 
@@ -115,11 +112,11 @@ class ExportSampler:
                 if not 0.0 <= ratio <= 1.0:
                     raise ValueError
             except ValueError:
-                _report(f"OTEL_TRACES_SAMPLER_ARG={argument!r} is not a ratio in [0, 1]; using 1.0")
+                warn(f"OTEL_TRACES_SAMPLER_ARG={argument!r} is not a ratio in [0, 1]; using 1.0")
                 ratio = 1.0
             self.root = TraceIdRatioBased(ratio)
         else:
-            _report(f"OTEL_TRACES_SAMPLER={name!r} is not supported here; exporting every span")
+            warn(f"OTEL_TRACES_SAMPLER={name!r} is not supported here; exporting every span")
             self.parent_based, self.root = False, ALWAYS_ON
         self.keeps_all = self.root is ALWAYS_ON and not self.parent_based
 
@@ -165,7 +162,7 @@ class _CountingExporter(SpanExporter):
             if not self._failure_reported:
                 self._failure_reported = True
                 _exporter_logs.quiet = True
-                _report(
+                warn(
                     f"OTLP export failed ({detail}); spans that cannot be sent are dropped and counted, "
                     "kernel calls go on (the trace file keeps them)"
                 )
@@ -247,7 +244,7 @@ class ExportProcessor(SpanProcessor):
             self.dropped += 1
             if not self._drop_reported:
                 self._drop_reported = True
-                _report(
+                warn(
                     f"the OTLP export queue is full ({self.max_queue_size} spans; is the collector down or slow?); "
                     "further spans are dropped and counted, kernel calls go on (the trace file keeps them)"
                 )
@@ -257,7 +254,7 @@ class ExportProcessor(SpanProcessor):
     def shutdown(self) -> None:
         self.batch.shutdown()
         if self.dropped or self.exporter.failed:
-            _report(
+            warn(
                 f"OTLP export: {self.dropped} span(s) dropped (full queue, or paused after a failure), "
                 f"{self.exporter.failed} span(s) failed to export"
             )

@@ -8,16 +8,15 @@ ends the span, so the call that was running when the process died is on disk.
 
 from __future__ import annotations
 
-import sys
 from threading import get_ident
 
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanKind, StatusCode
 
+from ..notices import warn_once
 from . import tracefile
 
 _current: "tracefile.TraceFileWriter | None" = None
-_warned = False
 
 
 def set_writer(writer: "tracefile.TraceFileWriter | None") -> None:
@@ -40,10 +39,7 @@ def trace_file_path() -> str | None:
 
 
 def _warn_once(exc: BaseException) -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        print(f"sglang_otel_kernels: trace-file record failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+    warn_once("trace-file record", f"trace-file record failed ({type(exc).__name__}: {exc})")
 
 
 def _bounded(span, private: str, public: str):

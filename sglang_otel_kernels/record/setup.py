@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from .. import config as _config
 from .._version import __version__
+from ..notices import warn
 from . import export, processor, tracefile
 
 _attached: "weakref.WeakSet" = weakref.WeakSet()
@@ -68,7 +69,7 @@ def own_provider() -> SDKTracerProvider:
         try:
             provider.add_span_processor(export.ExportProcessor(export.otlp_exporter()))
         except Exception as exc:
-            print(f"sglang_otel_kernels: OTLP export not set up ({type(exc).__name__}: {exc})", file=sys.stderr)
+            warn(f"OTLP export not set up ({type(exc).__name__}: {exc})")
     return provider
 
 
@@ -83,10 +84,9 @@ def attach_trace_file(provider) -> None:
     if not isinstance(provider, SDKTracerProvider):
         if writer is not None and not _warned_foreign:
             _warned_foreign = True
-            print(
-                f"sglang_otel_kernels: the installed TracerProvider ({type(provider).__name__}) is not the "
-                "OpenTelemetry SDK's; kernel spans go to it, but the trace file cannot be attached",
-                file=sys.stderr,
+            warn(
+                f"the installed TracerProvider ({type(provider).__name__}) is not the "
+                "OpenTelemetry SDK's; kernel spans go to it, but the trace file cannot be attached"
             )
         return
     provider.add_span_processor(processor.TraceFileProcessor())
@@ -130,7 +130,7 @@ def _enable_faulthandler(trace_path: str) -> None:
         new_file = os.fdopen(fd, "w")
         faulthandler.enable(file=new_file, all_threads=True)
     except (OSError, ValueError, RuntimeError) as exc:
-        print(f"sglang_otel_kernels: cannot enable faulthandler ({exc})", file=sys.stderr)
+        warn(f"cannot enable faulthandler ({exc})")
         return
     previous, _faulthandler_file = _faulthandler_file, new_file
     if previous is not None:

@@ -15,6 +15,7 @@ import time
 from typing import Iterable
 
 from ..config import OFF
+from ..notices import warn
 from ..describe.tensors import TensorInfo
 from ..describe.values import Elided, Mapping, Opaque, Scalar, Sequence, safe_str
 
@@ -153,11 +154,7 @@ class TextLog:
                     _write_all(self._fd, text.encode("utf-8", "backslashreplace"))
         except Exception as exc:
             self.enabled = False
-            print(
-                f"sglang_otel_kernels: text log to {self.dest!r} failed ({type(exc).__name__}: {exc}); "
-                "text log turned off, spans go on",
-                file=sys.stderr,
-            )
+            warn(f"text log to {self.dest!r} failed ({type(exc).__name__}: {exc}); text log turned off, spans go on")
 
     def close(self) -> None:
         with self._lock:

@@ -38,11 +38,12 @@ import marshal
 import mmap
 import os
 import struct
-import sys
 import threading
 import weakref
 import zlib
 from typing import Callable
+
+from ..notices import warn
 
 MAGIC = b"SOKTRACE"
 FORMAT_VERSION = 1
@@ -71,10 +72,6 @@ SITE = "K"  # (SITE, site id, kernel name), before a black-box site's first reco
 FAILURE = "X"  # (FAILURE, call number, exception type, message): a black-box call that raised
 
 _writers: "weakref.WeakSet[TraceFileWriter]" = weakref.WeakSet()
-
-
-def _warn(message: str) -> None:
-    print(f"sglang_otel_kernels: {message}", file=sys.stderr)
 
 
 def resolve_path(template: str, pid: int) -> str:
@@ -150,7 +147,7 @@ class TraceFileWriter:
                 os.close(fd)
         except (OSError, ValueError) as exc:
             self.failed = True
-            _warn(
+            warn(
                 f"cannot create the trace file {path!r} ({exc}); kernel calls go on without it "
                 "(set SGLANG_KERNEL_API_TRACEFILE to a writable path, or 'off')"
             )
