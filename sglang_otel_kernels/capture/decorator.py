@@ -22,6 +22,7 @@ from .._version import __version__
 from ..describe.statistics import fill_statistics
 from ..notices import warn_once
 from ..describe.values import describe, tensors_in
+from .. import schema
 from ..record import attributes as _attrs
 from ..record.blackbox import BlackBoxSite
 from ..record.processor import current_writer, set_writer
@@ -165,11 +166,11 @@ class KernelSite:
             return _Call(None, None, nonfinite, writer, seq)
         if runtime.spans is None:
             return _Call(None, None, nonfinite)
-        attrs = {_attrs.NAME: self.name, _attrs.LEVEL: self.level, _attrs.SEQ: seq}
+        attrs = {schema.NAME: self.name, schema.LEVEL: self.level, schema.SEQ: seq}
         if self.with_stats:
             # Placed first so that a long argument list never pushes them out.
-            attrs[_attrs.HAS_NAN] = attrs[_attrs.HAS_INF] = False
-            attrs[_attrs.NONFINITE] = ()
+            attrs[schema.HAS_NAN] = attrs[schema.HAS_INF] = False
+            attrs[schema.NONFINITE] = ()
         for _, path, node in entries:
             _attrs.add_value(attrs, path, node, self.with_stats, nonfinite)
         if nonfinite:
@@ -178,9 +179,9 @@ class KernelSite:
         return _Call(span, token, nonfinite)
 
     def _set_flags(self, attrs: dict, nonfinite: list) -> None:
-        attrs[_attrs.NONFINITE] = tuple(nonfinite)
-        attrs[_attrs.HAS_NAN] = any(attrs.get(_attrs.PREFIX + p + ".has_nan", False) for p in nonfinite)
-        attrs[_attrs.HAS_INF] = any(attrs.get(_attrs.PREFIX + p + ".has_inf", False) for p in nonfinite)
+        attrs[schema.NONFINITE] = tuple(nonfinite)
+        attrs[schema.HAS_NAN] = any(attrs.get(schema.PREFIX + p + ".has_nan", False) for p in nonfinite)
+        attrs[schema.HAS_INF] = any(attrs.get(schema.PREFIX + p + ".has_inf", False) for p in nonfinite)
 
     def finish(self, call: _Call | None, result: Any) -> None:
         if call is None:
@@ -213,11 +214,11 @@ class KernelSite:
             present = dict(call.span.attributes) if hasattr(call.span, "attributes") else {}
             present.update(attrs)
             self._set_flags(present, call.inputs_nonfinite + outputs_nonfinite)
-            for key in (_attrs.NONFINITE, _attrs.HAS_NAN, _attrs.HAS_INF):
+            for key in (schema.NONFINITE, schema.HAS_NAN, schema.HAS_INF):
                 attrs[key] = present[key]
         runtime.spans.add(call.span, attrs)
         if outputs_nonfinite and not call.inputs_nonfinite:
-            call.span.add_event("nonfinite_output", {_attrs.NONFINITE: tuple(outputs_nonfinite)})
+            call.span.add_event("nonfinite_output", {schema.NONFINITE: tuple(outputs_nonfinite)})
 
     def fail(self, call: _Call | None, exc: BaseException) -> None:
         if call is None:

@@ -21,12 +21,9 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ..record.spans import describe_exception
+from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, BATCH_UNTRACED, REQUEST_ID
 from .decorator import kernel_tracer
 
-BATCH_SIZE = "sglang.batch.size"
-BATCH_REQUEST_IDS = "sglang.batch.request_ids"
-BATCH_UNTRACED = "sglang.batch.untraced_requests"
-REQUEST_ID = "sglang.request.id"
 
 _propagator = TraceContextTextMapPropagator()
 _getter = DefaultGetter()

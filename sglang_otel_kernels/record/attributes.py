@@ -9,15 +9,8 @@ from __future__ import annotations
 
 from ..describe.tensors import TensorInfo
 from ..describe.values import REPR_LIMIT, Elided, Mapping, Opaque, Scalar, Sequence
+from ..schema import PREFIX
 
-PREFIX = "sglang.kernel."
-NAME = PREFIX + "name"
-LEVEL = PREFIX + "level"
-SEQ = PREFIX + "seq"
-HAS_NAN = PREFIX + "has_nan"
-HAS_INF = PREFIX + "has_inf"
-NONFINITE = PREFIX + "nonfinite"
-ATTRIBUTES_DROPPED = PREFIX + "attributes_dropped"
 
 _TENSOR_FIELDS = (
     ".shape",

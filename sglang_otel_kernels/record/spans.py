@@ -13,7 +13,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .._version import __version__
 from ..describe.values import safe_str
-from .attributes import ATTRIBUTES_DROPPED, fit
+from ..schema import ATTRIBUTES_DROPPED
+from .attributes import fit
 from .setup import resolve_provider
 
 TRACER_NAME = "sglang_otel_kernels"

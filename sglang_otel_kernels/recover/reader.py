@@ -18,15 +18,14 @@ import zlib
 from typing import Any
 
 from ..record import tracefile as fmt
+from ..schema import BLACKBOX, IN_FLIGHT, NAME, SEQ
 
-IN_FLIGHT = "sglang.kernel.in_flight"
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
 STATUS_NAMES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 _RECORD_MAGIC_BYTES = struct.pack("<I", fmt.RECORD_MAGIC)
 _COMPACT_END = "e"
 _KERNEL_START = "ks"
 _KERNEL_END = "ke"
-BLACKBOX = "sglang.kernel.blackbox"
 # Black-box calls have no span id of their own: theirs is made from the call
 # number, with a high tag no random id of the SDK is likely to share.
 _BLACKBOX_SPAN_TAG = 0xB1AC << 48
@@ -266,7 +265,7 @@ def _blackbox_calls(records: list[tuple], threads: dict[int, str]) -> list[Recov
         name = sites.get(site, f"<kernel site {site}>")
         end = ends.get(seq)
         failure = failures.get(seq)
-        attributes = {"sglang.kernel.name": name, "sglang.kernel.seq": seq, BLACKBOX: True}
+        attributes = {NAME: name, SEQ: seq, BLACKBOX: True}
         events: list = []
         if end is None:
             end_time, status, description = None, "ERROR", IN_FLIGHT_DESCRIPTION

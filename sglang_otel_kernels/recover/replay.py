@@ -75,11 +75,11 @@ def replay(
     """Exports every span of every file; returns (spans sent, of which in flight).
     Raises ConnectionError when the back end does not take a batch."""
     work = []
+    in_flight = 0
     for content in contents:
         resource = Resource(resource_attributes(content))
         work.extend(readable(span, resource, content.last_time) for span in content.spans)
-    in_flight = sum(1 for span in work if span.end_time is not None and span.status.status_code is StatusCode.ERROR
-                    and span.attributes.get("sglang.kernel.in_flight"))
+        in_flight += sum(span.in_flight for span in content.spans)
     sent = 0
     for first in range(0, len(work), BATCH):
         batch = work[first : first + BATCH]

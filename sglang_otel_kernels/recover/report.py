@@ -8,18 +8,15 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, INPUT_PREFIX, NAME, REQUEST_ID, SEQ
 from .reader import RecoveredSpan, TraceFileContents
 
-KERNEL_NAME = "sglang.kernel.name"
-INPUT_PREFIX = "sglang.kernel.input."
-BATCH_IDS = "sglang.batch.request_ids"
-REQUEST_ID = "sglang.request.id"
 _TENSOR_FIELDS = ("shape", "dtype", "device", "stride", "contiguous", "requires_grad",
                   "min", "max", "mean", "nan_count", "inf_count", "has_nan", "has_inf", "stats")
 
 
 def is_kernel(span: RecoveredSpan) -> bool:
-    return KERNEL_NAME in span.attributes
+    return NAME in span.attributes
 
 
 def _inputs(span: RecoveredSpan) -> dict[str, Any]:
@@ -51,11 +48,11 @@ def _requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[s
     current = span
     seen = 0
     while current is not None and seen < 64:
-        if BATCH_IDS in current.attributes or "sglang.batch.size" in current.attributes:
+        if BATCH_REQUEST_IDS in current.attributes or BATCH_SIZE in current.attributes:
             return {
                 "batch": current.name,
                 "batch_span_id": f"{current.span_id:016x}",
-                "request_ids": list(current.attributes.get(BATCH_IDS, ())),
+                "request_ids": list(current.attributes.get(BATCH_REQUEST_IDS, ())),
                 "request_traces": [f"{trace_id:032x}" for trace_id, _, _ in current.links],
             }
         if current.kind == 1:  # SERVER: the request itself
@@ -76,7 +73,7 @@ def _call(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], source: str) -> 
         "duration_us": None if span.end_time is None else round((span.end_time - span.start_time) / 1000, 1),
         "status": span.status_code,
         "description": span.status_description,
-        "seq": span.attributes.get("sglang.kernel.seq"),
+        "seq": span.attributes.get(SEQ),
         "inputs": _inputs(span),
         "exception": None if exception is None else {
             "type": exception.get("exception.type"), "message": exception.get("exception.message")},
