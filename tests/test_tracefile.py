@@ -84,6 +84,10 @@ def test_capacity_bounds_the_file_and_keeps_the_newest(traced, tmp_path):
     assert 30 < len(calls) < 3000
     assert calls == list(range(3000 - len(calls), 3000))  # the newest, none missing
     assert all(not s.in_flight for s in contents.spans[1:])
+    # Names and threads were written once, long overwritten: the table written
+    # after each wrap still resolves them.
+    assert {(s.name, s.scope_name, s.thread_name) for s in contents.spans} == {
+        ("k", "sglang_otel_kernels", threading.current_thread().name)}
 
 
 def test_torn_and_damaged_records_are_skipped(traced, tmp_path):
@@ -95,10 +99,10 @@ def test_torn_and_damaged_records_are_skipped(traced, tmp_path):
     data = bytearray(path.read_bytes())
     magic = struct.pack("<I", fmt.RECORD_MAGIC)
     offsets = [i for i in range(fmt.HEADER_SIZE, len(data), 8) if data[i : i + 4] == magic]
-    # Records: the thread's, then start and end of each call. A crash in
-    # mid-copy leaves a payload's tail missing: tear the end record of call 4
-    # and the start record of call 6.
-    for torn in (offsets[2 + 2 * 4], offsets[1 + 2 * 6]):
+    # Records: the thread's name, the span name and the scope, then start and
+    # end of each call. A crash in mid-copy leaves a payload's tail missing:
+    # tear the end record of call 4 and the start record of call 6.
+    for torn in (offsets[4 + 2 * 4], offsets[3 + 2 * 6]):
         length = struct.unpack_from("<I", data, torn + 4)[0]
         data[torn + 24 + length // 2 : torn + 24 + length] = bytes(length - length // 2)
     path.write_bytes(bytes(data))
@@ -216,6 +220,8 @@ def test_fork_child_writes_its_own_file(traced, tmp_path):
     child = sok.read_trace_file(child_path)
     assert child.metadata["pid"] == pid and child.metadata["forked_from"] == os.getpid()
     assert [s.attributes[K + "input.arg0"] for s in child.spans] == ["child"] * 20
+    # The child's file has its own names: the parent's were written to the parent's file.
+    assert {(s.name, s.scope_name, s.thread_name) for s in child.spans} == {("k", "sglang_otel_kernels", "MainThread")}
 
 
 def test_fork_child_of_a_fixed_path_gets_a_suffixed_file(record, tmp_path):

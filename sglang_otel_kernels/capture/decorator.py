@@ -24,7 +24,7 @@ from ..notices import warn_once
 from ..describe.values import describe, tensors_in
 from .. import schema
 from ..record import attributes as _attrs
-from ..record.blackbox import BlackBoxSite
+from ..record import blackbox
 from ..record.processor import current_writer, set_writer
 from ..record.setup import make_writer
 from ..record.spans import TRACER_NAME, SpanRecorder
@@ -120,12 +120,11 @@ class _Call:
 class KernelSite:
     """One decorated function: its name and level, fixed at decoration time."""
 
-    __slots__ = ("name", "level", "skip_self", "with_args", "with_stats", "box")
+    __slots__ = ("name", "level", "skip_self", "with_args", "with_stats")
 
     def __init__(self, func: Callable[..., Any], name: str, level: int) -> None:
         self.name = name
         self.level = level
-        self.box = BlackBoxSite(name)
         self.skip_self = takes_self_first(func)
         self.with_args = level >= 3
         self.with_stats = level >= 5
@@ -162,7 +161,7 @@ class KernelSite:
         if runtime.blackbox:
             writer = current_writer()
             if writer is not None:
-                self.box.start(writer, seq)
+                blackbox.start(writer, self.name, seq)
             return _Call(None, None, nonfinite, writer, seq)
         if runtime.spans is None:
             return _Call(None, None, nonfinite)
@@ -203,7 +202,7 @@ class KernelSite:
             if call.span is not None:
                 SpanRecorder.end(call.span, call.token)
             elif call.writer is not None:
-                BlackBoxSite.end(call.writer, call.seq)
+                blackbox.end(call.writer, call.seq)
 
     def _record_output(self, runtime: _Runtime, call: _Call, node) -> None:
         outputs_nonfinite: list = []
@@ -233,7 +232,7 @@ class KernelSite:
         if call.span is None:
             if call.writer is not None:
                 try:
-                    BlackBoxSite.fail(call.writer, call.seq, exc)
+                    blackbox.fail(call.writer, call.seq, exc)
                 except Exception as inner:
                     _warn_once(f"recording the exception of {self.name}", inner)
             return

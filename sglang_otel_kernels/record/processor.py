@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from threading import get_ident
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import SpanProcessor
-from opentelemetry.trace import SpanKind, StatusCode
 
 from ..notices import warn_once
 from . import tracefile
@@ -42,35 +42,23 @@ def _warn_once(exc: BaseException) -> None:
     warn_once("trace-file record", f"trace-file record failed ({type(exc).__name__}: {exc})")
 
 
-def _bounded(span, private: str, public: str):
-    """The span's links or events. The SDK keeps them in a deque inside a
-    BoundedList whose iteration copies under a lock; reading the deque skips
-    that copy on the hot path, the public property is the fallback."""
-    inner = getattr(getattr(span, private, None), "_dq", None)
-    return inner if inner is not None else getattr(span, public)
+def _items(value) -> tuple:
+    """A span's links or events as a tuple. The SDK keeps them in a BoundedList
+    whose iteration copies under a lock; its deque is read directly."""
+    inner = getattr(value, "_dq", value)
+    return tuple(inner) if inner else ()
 
 
-def _links(span) -> tuple:
-    links = _bounded(span, "_links", "links")
-    if not links:
-        return ()
-    return tuple((link.context.trace_id, link.context.span_id, dict(link.attributes or {})) for link in links)
+def _plain(attributes) -> dict:
+    """Attributes as a plain dict, for marshal. The SDK keeps them in a dict
+    inside BoundedAttributes: that one is read directly, which saves a copy
+    through the read-only mapping."""
+    if type(attributes) is BoundedAttributes:
+        return attributes._dict
+    return dict(attributes or {})
 
 
-def _attributes(span) -> dict:
-    """The span's attributes as a plain dict, for marshal. The SDK keeps them
-    in a dict inside BoundedAttributes: reading that one directly saves a
-    Python-level copy through the read-only mapping (2 us a span)."""
-    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
-    if type(inner) is dict:
-        return inner
-    return dict(span.attributes or {})
-
-
-_KINDS = {kind: kind.value for kind in SpanKind}
-
-
-_STATUS = {code: code.value for code in StatusCode}
+_LOW64 = (1 << 64) - 1
 _SMALL = 8
 _MAX_OPEN = 4096  # spans that never end must not grow this without bound
 
@@ -80,8 +68,11 @@ class TraceFileProcessor(SpanProcessor):
 
     A start record holds all that is known when the span starts (ids, parent,
     name, start time, thread, scope, attributes, links); the end record adds
-    what the end brings (end time, status, events, the final attributes). Both
-    are built inline: this runs twice per kernel call.
+    what the end brings (end time, status, events, the final attributes).
+    This runs twice per kernel call, so it reads the SDK span's fields
+    directly (every SDK span is a ReadableSpan, which sets them; enum values
+    through `_value_`, as Enum hashes in Python), encodes the fixed ones with
+    one struct and names as numbers.
     """
 
     def __init__(self) -> None:
@@ -90,67 +81,71 @@ class TraceFileProcessor(SpanProcessor):
         # record when nothing changed (a level-1 kernel span, most request spans).
         self._unchanged: dict = {}
 
-    def _scope(self, scope) -> tuple:
-        # Keyed by id (InstrumentationScope hashes in Python); the entry keeps
-        # the scope alive, so its id cannot be reused by another.
+    def _scope(self, writer, scope) -> int:
+        """The scope's symbol in the writer's file. Keyed by id (InstrumentationScope
+        hashes in Python); the entry keeps the scope alive, so its id cannot be
+        reused by another. Valid while the file's symbol table is (a fork
+        starts a new one)."""
         entry = self._scopes.get(id(scope))
-        if entry is None:
+        if entry is None or entry[1] is not writer.symbols:
             names = ("", "") if scope is None else (scope.name or "", scope.version or "")
-            entry = self._scopes[id(scope)] = (scope, names)
-        return entry[1]
+            entry = self._scopes[id(scope)] = (scope, writer.symbols, writer.symbol(names))
+        return entry[2]
 
-    def on_start(self, span, parent_context=None) -> None:
+    def on_start(self, span, parent_context=None, _pack=tracefile.SPAN_START.pack, _encode=tracefile.encode,
+                 _encoding=tracefile.ENCODING_SPAN_START) -> None:
         writer = _current
-        if writer is None:
+        if writer is None or writer.failed:
             return
         try:
-            context = span.context
-            parent = span.parent
+            context = span._context
+            span_id = context.span_id
+            parent = span._parent
             thread = get_ident()
-            writer.note_thread(thread)
-            attributes = _attributes(span)
-            if len(attributes) <= _SMALL and len(self._unchanged) < _MAX_OPEN:
-                self._unchanged[context.span_id] = attributes.copy()
-            writer.append(
-                (
-                    tracefile.START,
-                    context.trace_id,
-                    context.span_id,
-                    parent.span_id if parent is not None else 0,
-                    span.name,
-                    _KINDS[span.kind],
-                    span.start_time,
-                    thread,
-                    self._scope(span.instrumentation_scope),
-                    attributes,
-                    _links(span),
-                    1 if context.trace_flags & 1 else 0,
-                    parent is not None and parent.is_remote,
-                )
-            )
+            if thread not in writer.threads:
+                writer.note_thread(thread)
+            attributes = _plain(span._attributes)
+            unchanged = self._unchanged
+            if len(attributes) <= _SMALL and len(unchanged) < _MAX_OPEN:
+                unchanged[span_id] = attributes.copy()
+            flags = context.trace_flags & 1
+            if parent is not None and parent.is_remote:
+                flags |= tracefile.FLAG_REMOTE_PARENT
+            links = _items(span._links)
+            if links:
+                flags |= tracefile.FLAG_LINKS
+                data = _encode((attributes, tuple(
+                    (link.context.trace_id, link.context.span_id, dict(link.attributes or {})) for link in links)))
+            else:
+                data = _encode(attributes)
+            trace_id = context.trace_id
+            writer.write_record(_encoding, _pack(
+                trace_id >> 64, trace_id & _LOW64, span_id, parent.span_id if parent is not None else 0,
+                span._start_time, thread, writer.symbol(span._name), self._scope(writer, span._instrumentation_scope),
+                span._kind._value_, flags) + data)
         except Exception as exc:
             _warn_once(exc)
 
     def on_end(self, span) -> None:
         writer = _current
-        if writer is None:
+        if writer is None or writer.failed:
             return
         try:
-            context = span.context
-            status = span.status
-            events = _bounded(span, "_events", "events")
-            attributes = _attributes(span)
+            context = span._context
+            status = span._status
+            events = span._events
+            attributes = _plain(span._attributes)
             if self._unchanged.pop(context.span_id, None) == attributes and not events and not status.description:
-                writer.append_end(context.span_id, span.end_time, _STATUS[status.status_code])
+                writer.append_end(context.span_id, span._end_time, status.status_code._value_)
                 return
-            events = tuple((event.name, event.timestamp, dict(event.attributes or {})) for event in events)
+            events = tuple((event.name, event.timestamp, dict(event.attributes or {})) for event in _items(events))
             writer.append(
                 (
                     tracefile.END,
                     context.trace_id,
                     context.span_id,
-                    span.end_time,
-                    _STATUS[status.status_code],
+                    span._end_time,
+                    status.status_code._value_,
                     status.description or "",
                     events,
                     attributes,

@@ -17,17 +17,24 @@ Layout (all integers little-endian):
 
     record   u32 RECORD_MAGIC, u32 payload length, u64 sequence number,
              u32 CRC-32 of the payload, u32 encoding, payload, padding to 8
-             bytes; encoding 0: a marshal tuple (START, END, THREAD, SITE or
-             FAILURE record), 1: COMPACT_END, the end of a span whose
+             bytes; encoding 0: a marshal tuple (END, THREAD, SYMBOL, TABLE
+             or FAILURE record), 1: COMPACT_END, the end of a span whose
              attributes did not change and that has no events (span id, end
              time, status); 2 and 3: KERNEL_START / KERNEL_END, a kernel call
-             of the black box, recorded without a span
+             of the black box, recorded without a span; 4: SPAN_START, the
+             fixed fields of a starting span then its attributes (and links)
+             as marshal data
+
+Span names, instrumentation scopes and black-box kernel names are written once
+as SYMBOL records and referred to by number; thread names once as THREAD
+records. When the ring wraps, a TABLE record holding all of them is written
+first, so every record the ring still holds can be resolved.
 
 When a record does not fit before the end of the ring, writing continues at
 its start, over the oldest records; a record partly overwritten, or torn by a
 crash in mid-copy, fails its CRC and is skipped by the reader, which orders
-what remains by sequence number. Payloads are `marshal` data (the fastest
-encoder of Python's tuples, dicts and big integers there is, in the standard
+what remains by sequence number. Variable payloads are `marshal` data (the
+fastest encoder of Python's tuples, dicts and big integers in the standard
 library); the reader only decodes payloads whose CRC matches.
 """
 
@@ -46,7 +53,7 @@ from typing import Callable
 from ..notices import warn
 
 MAGIC = b"SOKTRACE"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER_SIZE = 65536
 HEADER_PREFIX = struct.Struct("<8sIIQI")
 RECORD_MAGIC = 0x524B4F53  # b"SOKR"
@@ -55,8 +62,15 @@ ENCODING_MARSHAL = 0
 ENCODING_COMPACT_END = 1
 ENCODING_KERNEL_START = 2
 ENCODING_KERNEL_END = 3
+ENCODING_SPAN_START = 4
 COMPACT_END = struct.Struct("<QqB")  # span id, end time, status code
-# Black box: a kernel call recorded without a span. Site id, call number,
+# Trace id (high, low), span id, parent span id (0: none), start time,
+# thread, name symbol, scope symbol, kind, flags; marshal data follows.
+SPAN_START = struct.Struct("<QQQQqQIIBB")
+FLAG_SAMPLED = 1
+FLAG_REMOTE_PARENT = 2
+FLAG_LINKS = 4  # the marshal data is (attributes, links), not attributes alone
+# Black box: a kernel call recorded without a span. Kernel name symbol, call number,
 # start time, thread, then the trace id (high, low) and span id of the span
 # current around the call (zeros when none).
 KERNEL_START = struct.Struct("<IQqQQQQ")
@@ -64,11 +78,11 @@ KERNEL_END = struct.Struct("<QqB")  # call number, end time, status code
 ALIGN = 8
 MARSHAL_VERSION = 4
 
-# Record kinds, the first item of every payload tuple.
-START = "S"
+# Record kinds, the first item of every marshal payload tuple.
 END = "E"
-THREAD = "T"
-SITE = "K"  # (SITE, site id, kernel name), before a black-box site's first record
+THREAD = "T"  # (THREAD, ident, name)
+SYMBOL = "Y"  # (SYMBOL, number, value): a span name, a (scope name, version) pair or a kernel name
+TABLE = "Z"  # (TABLE, {number: value}, {ident: thread name}): all symbols and threads, after a wrap
 FAILURE = "X"  # (FAILURE, call number, exception type, message): a black-box call that raised
 
 _writers: "weakref.WeakSet[TraceFileWriter]" = weakref.WeakSet()
@@ -116,11 +130,11 @@ class TraceFileWriter:
         self._view: memoryview | None = None
         self._offset = 0
         self._sequence = 0
-        # Bumped when the file is opened and when the ring wraps: thread names
-        # and black-box kernel names are written again then, so that they are
-        # in the file, whatever the ring overwrote, for the records using them.
-        self.generation = 0
-        self.thread_generation: dict = {}  # thread ident -> generation its THREAD record was written in
+        self.wraps = 0
+        # Written once each (and again in the TABLE after each wrap); read
+        # without the lock on the hot path, added to under it.
+        self.symbols: dict = {}
+        self.threads: dict = {}
         self._forked_from: int | None = None
         _writers.add(self)
 
@@ -155,7 +169,6 @@ class TraceFileWriter:
         self._view = memoryview(self._map)
         self.path = path
         self._offset = 0
-        self.generation += 1
         if self.on_open is not None:
             self.on_open(path)
         return True
@@ -179,7 +192,8 @@ class TraceFileWriter:
         self._forked_from = os.getppid()
         self.path = None
         self._sequence = 0
-        self.thread_generation = {}
+        self.symbols = {}
+        self.threads = {}
 
     def close(self) -> None:
         with self._lock:
@@ -195,54 +209,95 @@ class TraceFileWriter:
 
     # -- writing ---------------------------------------------------------
 
-    def append(self, record: tuple, _dumps=marshal.dumps) -> None:
-        """Writes one record tuple (thread-safe, never raises)."""
-        if self.failed:
-            return
-        try:
-            payload = _dumps(record, MARSHAL_VERSION)
-        except ValueError:
-            payload = _marshal_with_reprs(record)
-        self.write_record(ENCODING_MARSHAL, payload)
+    def append(self, record: tuple) -> None:
+        """Writes one marshal record tuple (thread-safe, never raises)."""
+        if not self.failed:
+            self.write_record(ENCODING_MARSHAL, encode(record))
 
     def append_end(self, span_id: int, end_time: int, status: int) -> None:
         """The end of a span that added nothing but its end time and status."""
         if not self.failed:
             self.write_record(ENCODING_COMPACT_END, COMPACT_END.pack(span_id, end_time, status))
 
+    def symbol(self, value) -> int:
+        """The number standing for `value` (a str or a tuple of str) in this
+        file, written as a SYMBOL record the first time; 0 if the file failed."""
+        number = self.symbols.get(value)
+        if number is None:
+            with self._lock:
+                number = self.symbols.get(value)
+                if number is None and self._ready():
+                    number = self.symbols[value] = len(self.symbols) + 1
+                    self._put(ENCODING_MARSHAL, encode((SYMBOL, number, value)))
+        return number or 0
+
     def note_thread(self, ident: int) -> None:
-        """Writes the thread's name once per generation."""
-        if self.thread_generation.get(ident) != self.generation:
-            self.append((THREAD, ident, threading.current_thread().name))
-            self.thread_generation[ident] = self.generation
+        """Writes the calling thread's name, once."""
+        if ident not in self.threads:
+            name = threading.current_thread().name
+            with self._lock:
+                if ident not in self.threads and self._ready():
+                    self.threads[ident] = name
+                    self._put(ENCODING_MARSHAL, encode((THREAD, ident, name)))
 
     def write_record(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
         """Frames and copies one encoded record into the ring (thread-safe).
-        The defaults bind what it needs as locals: it runs twice per kernel call."""
+        It runs twice per kernel call: the defaults bind what it needs as
+        locals, and a record that fits before the ring's end is copied inline."""
+        length = len(payload)
+        crc = _crc(payload)
+        lock = self._lock
+        lock.acquire()
+        try:
+            offset = self._offset
+            end = offset + ((RECORD_HEADER.size + length + ALIGN - 1) & -ALIGN)
+            view = self._view
+            if view is None or end > self.capacity or self.fsync:
+                if self._ready():
+                    self._put(encoding, payload)
+                return
+            sequence = self._sequence = self._sequence + 1
+            start = HEADER_SIZE + offset
+            view[start : start + RECORD_HEADER.size + length] = _pack(RECORD_MAGIC, length, sequence, crc, encoding) + payload
+            self._offset = end
+        finally:
+            lock.release()
+
+    def _ready(self) -> bool:
+        # With the lock held: the file is created on the first record.
+        return self._view is not None or (not self.failed and self._open())
+
+    def _put(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
+        # With the lock held. The defaults bind what it needs as locals: it
+        # runs twice per kernel call.
         length = len(payload)
         size = RECORD_HEADER.size + length
         padded = (size + ALIGN - 1) & -ALIGN
         if padded > self.capacity:
             self.dropped += 1
             return
-        crc = _crc(payload)
-        with self._lock:
-            view = self._view
-            if view is None:
-                if not self._open():
-                    return
-                view = self._view
-            sequence = self._sequence = self._sequence + 1
-            offset = self._offset
-            if offset + padded > self.capacity:
-                offset = 0
-                self.generation += 1
-            start = HEADER_SIZE + offset
-            view[start : start + size] = _pack(RECORD_MAGIC, length, sequence, crc, encoding) + payload
-            self._offset = offset + padded
-            if self.fsync:
-                page = start - start % mmap.PAGESIZE
-                self._map.flush(page, start + size - page)
+        offset = self._offset
+        if offset + padded > self.capacity:
+            self._offset = 0
+            self.wraps += 1
+            # The names the ring still refers to, before anything else in the new lap.
+            self._put(ENCODING_MARSHAL, encode((TABLE, {n: v for v, n in self.symbols.items()}, dict(self.threads))))
+            offset = self._offset if self._offset + padded <= self.capacity else 0
+        sequence = self._sequence = self._sequence + 1
+        start = HEADER_SIZE + offset
+        self._view[start : start + size] = _pack(RECORD_MAGIC, length, sequence, _crc(payload), encoding) + payload
+        self._offset = offset + padded
+        if self.fsync:
+            page = start - start % mmap.PAGESIZE
+            self._map.flush(page, start + size - page)
+
+
+def encode(record, _dumps=marshal.dumps) -> bytes:
+    """marshal data of `record`; what marshal refuses is written as its repr."""
+    try:
+        return _dumps(record, MARSHAL_VERSION)
+    except ValueError:
+        return _marshal_with_reprs(record)
 
 
 def _marshal_with_reprs(value):

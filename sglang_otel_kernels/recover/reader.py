@@ -26,10 +26,10 @@ _RECORD_MAGIC_BYTES = struct.pack("<I", fmt.RECORD_MAGIC)
 _COMPACT_END = "e"
 _KERNEL_START = "ks"
 _KERNEL_END = "ke"
+_SPAN_START = "s"
 # Black-box calls have no span id of their own: theirs is made from the call
 # number, with a high tag no random id of the SDK is likely to share.
 _BLACKBOX_SPAN_TAG = 0xB1AC << 48
-_START_FIELDS = 13
 _END_FIELDS = 8
 
 
@@ -177,35 +177,50 @@ def _decode(payload: bytes, crc: int, encoding: int):
         if len(payload) != fmt.KERNEL_END.size:
             return None
         return (_KERNEL_END, *fmt.KERNEL_END.unpack(payload))
+    if encoding == fmt.ENCODING_SPAN_START:
+        return _span_start(payload)
     if encoding != fmt.ENCODING_MARSHAL:
         return None
-    try:
-        record = marshal.loads(payload)
-    except (ValueError, EOFError, TypeError):
-        return None
+    record = _unmarshal(payload)
     if not isinstance(record, tuple) or not record:
         return None
     kind = record[0]
-    if kind in (fmt.THREAD, fmt.SITE) and len(record) == 3 and isinstance(record[1], int):
+    if kind in (fmt.THREAD, fmt.SYMBOL) and len(record) == 3 and isinstance(record[1], int):
+        return record
+    if kind == fmt.TABLE and len(record) == 3 and isinstance(record[1], dict) and isinstance(record[2], dict):
         return record
     if kind == fmt.FAILURE and len(record) == 4 and isinstance(record[1], int):
-        return record
-    if kind == fmt.START and len(record) == _START_FIELDS and _well_formed_start(record):
         return record
     if kind == fmt.END and len(record) == _END_FIELDS and _well_formed_end(record):
         return record
     return None
 
 
-def _well_formed_start(record: tuple) -> bool:
-    _, trace_id, span_id, parent_id, name, kind, start, thread, scope, attributes, links, flags, remote = record
-    return (
-        all(isinstance(value, int) for value in (trace_id, span_id, parent_id, kind, start, thread, flags))
-        and isinstance(name, str)
-        and isinstance(scope, tuple) and len(scope) == 2
-        and isinstance(attributes, dict)
-        and isinstance(links, tuple)
-    )
+def _unmarshal(payload):
+    try:
+        return marshal.loads(payload)
+    except (ValueError, EOFError, TypeError):
+        return None
+
+
+def _span_start(payload: bytes):
+    """(_SPAN_START, trace id, span id, parent id, name symbol, kind, start,
+    thread, scope symbol, attributes, links, sampled flag, remote parent)."""
+    fixed = fmt.SPAN_START
+    if len(payload) < fixed.size:
+        return None
+    high, low, span_id, parent_id, start, thread, name, scope, kind, flags = fixed.unpack_from(payload)
+    data = _unmarshal(payload[fixed.size :])
+    if flags & fmt.FLAG_LINKS:
+        if not (isinstance(data, tuple) and len(data) == 2 and isinstance(data[1], tuple)):
+            return None
+        data, links = data
+    else:
+        links = ()
+    if not isinstance(data, dict):
+        return None
+    return (_SPAN_START, (high << 64) | low, span_id, parent_id, name, kind, start, thread, scope, data, links,
+            flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT))
 
 
 def _well_formed_end(record: tuple) -> bool:
@@ -222,6 +237,7 @@ def _assemble(records: list[tuple]) -> tuple[list[RecoveredSpan], int, int]:
     """Pairs start and end records by span id. An end whose start was
     overwritten (the oldest edge of the ring) cannot be shown and is counted."""
     threads: dict[int, str] = {}
+    symbols: dict[int, Any] = {}
     starts: dict[int, tuple] = {}
     ends: dict[int, tuple] = {}
     last_time = 0
@@ -229,7 +245,12 @@ def _assemble(records: list[tuple]) -> tuple[list[RecoveredSpan], int, int]:
         kind = record[0]
         if kind == fmt.THREAD:
             threads[record[1]] = str(record[2])
-        elif kind == fmt.START:
+        elif kind == fmt.SYMBOL:
+            symbols[record[1]] = record[2]
+        elif kind == fmt.TABLE:
+            symbols.update(record[1])
+            threads.update((ident, str(name)) for ident, name in record[2].items())
+        elif kind == _SPAN_START:
             starts[record[2]] = record
             last_time = max(last_time, record[6])
         elif kind == fmt.END:
@@ -239,22 +260,19 @@ def _assemble(records: list[tuple]) -> tuple[list[RecoveredSpan], int, int]:
             ends[record[1]] = record
             last_time = max(last_time, record[2])
     orphans = sum(1 for span_id in ends if span_id not in starts)
-    spans = [_span(start, ends.get(span_id), threads) for span_id, start in starts.items()]
-    spans.extend(_blackbox_calls(records, threads))
+    spans = [_span(start, ends.get(span_id), threads, symbols) for span_id, start in starts.items()]
+    spans.extend(_blackbox_calls(records, threads, symbols))
     spans.sort(key=lambda span: span.start_time)
     return spans, max([last_time] + [s.end_time or s.start_time for s in spans]), orphans
 
 
-def _blackbox_calls(records: list[tuple], threads: dict[int, str]) -> list[RecoveredSpan]:
-    sites: dict[int, str] = {}
+def _blackbox_calls(records: list[tuple], threads: dict[int, str], symbols: dict[int, Any]) -> list[RecoveredSpan]:
     starts: dict[int, tuple] = {}
     ends: dict[int, tuple] = {}
     failures: dict[int, tuple] = {}
     for record in records:
         kind = record[0]
-        if kind == fmt.SITE:
-            sites[record[1]] = str(record[2])
-        elif kind == _KERNEL_START:
+        if kind == _KERNEL_START:
             starts[record[2]] = record
         elif kind == _KERNEL_END:
             ends[record[1]] = record
@@ -262,7 +280,7 @@ def _blackbox_calls(records: list[tuple], threads: dict[int, str]) -> list[Recov
             failures[record[1]] = record
     calls = []
     for seq, (_, site, _, start_time, thread, trace_high, trace_low, parent_id) in starts.items():
-        name = sites.get(site, f"<kernel site {site}>")
+        name = _name(symbols, site)
         end = ends.get(seq)
         failure = failures.get(seq)
         attributes = {NAME: name, SEQ: seq, BLACKBOX: True}
@@ -286,9 +304,20 @@ def _blackbox_calls(records: list[tuple], threads: dict[int, str]) -> list[Recov
     return calls
 
 
-def _span(start: tuple, end: tuple | None, threads: dict[int, str]) -> RecoveredSpan:
-    (_, trace_id, span_id, parent_id, name, kind, start_time, thread, (scope, scope_version),
+def _name(symbols: dict[int, Any], number: int) -> str:
+    # A name the ring lost (it never should: see the TABLE record) still shows.
+    value = symbols.get(number)
+    return value if isinstance(value, str) else f"<name {number} not in the file>"
+
+
+def _span(start: tuple, end: tuple | None, threads: dict[int, str], symbols: dict[int, Any]) -> RecoveredSpan:
+    (_, trace_id, span_id, parent_id, name, kind, start_time, thread, scope_number,
      attributes, links, flags, parent_remote) = start
+    name = _name(symbols, name)
+    scope = symbols.get(scope_number)
+    if not (isinstance(scope, tuple) and len(scope) == 2):
+        scope = ("", "")
+    scope, scope_version = str(scope[0]), str(scope[1])
     attributes = dict(attributes)
     events: tuple = ()
     if end is None:
