@@ -81,6 +81,25 @@ def _replay(options) -> int:
     return 0
 
 
+def _rerun(options) -> int:
+    import json
+
+    from .recover.rerun import DumpError, render, rerun
+
+    if options.rtol < 0 or options.atol < 0:
+        raise _Failure("--rtol and --atol must be 0 or more")
+    try:
+        report = rerun(options.dump_dir, function=options.function, device=options.device,
+                       rtol=options.rtol, atol=options.atol)
+    except DumpError as exc:
+        raise _Failure(str(exc)) from None
+    if options.json:
+        print(json.dumps(report, indent=2, default=repr))
+    else:
+        sys.stdout.write(render(report))
+    return 0 if report["reproduced"] else 1
+
+
 def _demo(options) -> int:
     from .demo import run
 
@@ -99,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sglang-otel-kernels",
         description="SGLang-compatible kernel API logging as OpenTelemetry spans, with a crash-safe trace file.",
         epilog=(
-            "Exit status: 0 success (report: no call in flight and none failed); "
-            "1 report: the file shows calls in flight when the process died, or failed calls; "
+            "Exit status: 0 success (report: no call in flight and none failed; rerun: the recorded "
+            "outcome reproduced); 1 report: the file shows calls in flight when the process died, or failed "
+            "calls; rerun: the outcome differs; "
             "2 bad usage or an input that cannot be read (one line on stderr)."
         ),
     )
@@ -136,6 +156,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="otlp-json: OTLP JSON lines (default); chrome: trace-event JSON for chrome://tracing or Perfetto")
     export.add_argument("-o", "--output", help="output file (default: standard output)")
     export.set_defaults(handler=_export)
+    rerun = commands.add_parser(
+        "rerun", help="run a call dumped at level 10 again and compare with what the dump recorded"
+    )
+    rerun.add_argument("dump_dir", metavar="DUMP_DIR", help="one call's dump directory (sglang.kernel.dump_dir)")
+    rerun.add_argument("--function", metavar="MODULE:QUALNAME",
+                       help="the function to call (default: the import path in the metadata); also "
+                            "path/to/file.py:name or torch.ops.<ns>:<op>")
+    rerun.add_argument("--device", help="put every input tensor here (default: the device each was on, if present)")
+    rerun.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance for outputs (default 1e-5)")
+    rerun.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance for outputs (default 1e-8)")
+    rerun.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
+    rerun.set_defaults(handler=_rerun)
     return parser
 
 

@@ -22,13 +22,17 @@ OFF = "off"
 DEFAULT_TRACE_FILE = "sglang_kernel_trace_%i.sgltrace"
 DEFAULT_TRACE_FILE_SIZE = 16 * 1024 * 1024
 MIN_TRACE_FILE_SIZE = 64 * 1024
+DEFAULT_DUMP_DIR = "sglang_kernel_api_dumps"
+DEFAULT_DUMP_MAX_BYTES = 20 * 1024**3
+DEFAULT_DUMP_MAX_COUNT = 1000
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelTraceConfig:
     """Where kernel calls are recorded and in how much detail.
 
-    level: 0 off, 1 names, 3 arguments and results, 5 statistics too, 10 (for now) as 5.
+    level: 0 off, 1 names, 3 arguments and results, 5 statistics too, 10 also
+        dumps each call's inputs (before the call) and outputs to a directory.
     log_dest: "stdout", "stderr", "off" (no text log), or a file path (appended to;
         "%i" becomes the process id when the file is opened).
     spans: open one OpenTelemetry span per call (off when OTEL_SDK_DISABLED=true).
@@ -41,6 +45,12 @@ class KernelTraceConfig:
     blackbox: record kernel calls straight into the trace file (name, times,
         thread, the span around the call) instead of as OpenTelemetry spans:
         the production mode, cheapest per call. Other spans are recorded as usual.
+    dump_dir: where level 10 writes one directory per call ("%i" becomes the pid).
+    dump_include / dump_exclude: fnmatch patterns on the kernel name; a call is
+        dumped when it matches an include pattern (or there are none) and no
+        exclude pattern.
+    dump_max_bytes / dump_max_count: once this process's dumps reach either,
+        dumping stops (one warning; each span says why it has no dump).
     """
 
     level: int = 0
@@ -52,6 +62,11 @@ class KernelTraceConfig:
     trace_file_fsync: bool = False
     faulthandler: bool = True
     blackbox: bool = False
+    dump_dir: str = DEFAULT_DUMP_DIR
+    dump_include: tuple = ()
+    dump_exclude: tuple = ()
+    dump_max_bytes: int = DEFAULT_DUMP_MAX_BYTES
+    dump_max_count: int = DEFAULT_DUMP_MAX_COUNT
 
 
 def parse_level(raw: str) -> int:
@@ -63,17 +78,37 @@ def parse_level(raw: str) -> int:
     return level
 
 
-def parse_size(text: str) -> int:
-    """Bytes: `16777216`, `64K`, `16M`, `1G` (powers of 1024)."""
+def parse_bytes(text: str) -> int:
+    """Bytes: `16777216`, `64K`, `16M`, `1G`, `20GB` (powers of 1024)."""
     value = text.strip().upper().removesuffix("B").removesuffix("I")
     scale = 1
-    if value and value[-1] in "KMG":
-        scale = 1024 ** ("KMG".index(value[-1]) + 1)
+    if value and value[-1] in "KMGT":
+        scale = 1024 ** ("KMGT".index(value[-1]) + 1)
         value = value[:-1]
     size = int(float(value) * scale)
+    if size < 0:
+        raise ValueError("must not be negative")
+    return size
+
+
+def parse_size(text: str) -> int:
+    """A trace file's capacity: bytes as `parse_bytes` reads them, at least 64 KiB."""
+    size = parse_bytes(text)
     if size < MIN_TRACE_FILE_SIZE:
         raise ValueError(f"at least {MIN_TRACE_FILE_SIZE} bytes")
     return size
+
+
+def parse_count(text: str) -> int:
+    count = int(text.strip())
+    if count < 0:
+        raise ValueError("must not be negative")
+    return count
+
+
+def parse_patterns(text: str) -> tuple:
+    """SGLang's comma-separated fnmatch patterns; blanks are ignored."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def parse_flag(text: str) -> bool:
@@ -121,6 +156,11 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         trace_file_fsync=_from_env(environ, "SGLANG_KERNEL_API_TRACEFILE_FSYNC", parse_flag, False),
         faulthandler=_from_env(environ, "SGLANG_KERNEL_API_FAULTHANDLER", parse_flag, True),
         blackbox=_from_env(environ, "SGLANG_KERNEL_API_BLACKBOX", parse_flag, False),
+        dump_dir=environ.get("SGLANG_KERNEL_API_DUMP_DIR", "").strip() or DEFAULT_DUMP_DIR,
+        dump_include=parse_patterns(environ.get("SGLANG_KERNEL_API_DUMP_INCLUDE", "")),
+        dump_exclude=parse_patterns(environ.get("SGLANG_KERNEL_API_DUMP_EXCLUDE", "")),
+        dump_max_bytes=_from_env(environ, "SGLANG_KERNEL_API_DUMP_MAX_BYTES", parse_bytes, DEFAULT_DUMP_MAX_BYTES),
+        dump_max_count=_from_env(environ, "SGLANG_KERNEL_API_DUMP_MAX_COUNT", parse_count, DEFAULT_DUMP_MAX_COUNT),
     )
 
 
@@ -157,6 +197,11 @@ def configure(
     trace_file_fsync: bool | None = None,
     faulthandler: bool | None = None,
     blackbox: bool | None = None,
+    dump_dir: str | None = None,
+    dump_include: "tuple[str, ...] | list[str] | None" = None,
+    dump_exclude: "tuple[str, ...] | list[str] | None" = None,
+    dump_max_bytes: int | None = None,
+    dump_max_count: int | None = None,
 ) -> KernelTraceConfig:
     """Change the settings in code; arguments left out keep their value
     (`tracer_provider=None` goes back to the global provider).
@@ -192,6 +237,20 @@ def configure(
         changes["faulthandler"] = bool(faulthandler)
     if blackbox is not None:
         changes["blackbox"] = bool(blackbox)
+    if dump_dir is not None:
+        if not isinstance(dump_dir, str) or not dump_dir.strip():
+            raise ValueError(f"dump_dir must be a path; got {dump_dir!r}")
+        changes["dump_dir"] = dump_dir.strip()
+    for name, patterns in (("dump_include", dump_include), ("dump_exclude", dump_exclude)):
+        if patterns is not None:
+            if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
+                raise ValueError(f"{name} must be a list of fnmatch patterns; got {patterns!r}")
+            changes[name] = tuple(patterns)
+    for name, limit in (("dump_max_bytes", dump_max_bytes), ("dump_max_count", dump_max_count)):
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+                raise ValueError(f"{name} must be an int >= 0; got {limit!r}")
+            changes[name] = limit
     _config = dataclasses.replace(_config, **changes)
     # The decorator's runtime follows the settings (and sets tracing up at
     # once); it is loaded on first use because it needs torch, which reading

@@ -11,6 +11,8 @@ HAS_NAN = PREFIX + "has_nan"
 HAS_INF = PREFIX + "has_inf"
 NONFINITE = PREFIX + "nonfinite"
 ATTRIBUTES_DROPPED = PREFIX + "attributes_dropped"
+DUMP_DIR = PREFIX + "dump_dir"  # level 10: the directory holding the call's inputs
+DUMP_SKIPPED = PREFIX + "dump_skipped"  # level 10: why the call has no dump (limit, graph capture, error)
 IN_FLIGHT = PREFIX + "in_flight"  # set by the reader on a span with no end record
 BLACKBOX = PREFIX + "blackbox"  # set by the reader on a call the black box recorded
 

@@ -63,7 +63,7 @@ def test_otel_sdk_disabled_skips_spans_keeps_text(run, value):
     ]
 
 
-def test_level_10_behaves_as_5_for_now(run):
+def test_level_10_adds_dumps_to_level_5_in_sglangs_default_directory(run, tmp_path):
     script = (
         "import torch, sglang_otel_kernels as s\n"
         "s.debug_kernel_api(op_name='k')(lambda x: x)(torch.ones(2))\n"
@@ -71,7 +71,25 @@ def test_level_10_behaves_as_5_for_now(run):
     out = run({"SGLANG_KERNEL_API_LOGLEVEL": "10"}, script)
     assert out.returncode == 0, out.stderr
     assert "      min=1.000000" in out.stdout
-    assert "Dumped" not in out.stdout
+    [call] = (tmp_path / "sglang_kernel_api_dumps").iterdir()
+    assert f"Dumped inputs to: {call}\n" in out.stdout and f"Dumped outputs to: {call}\n" in out.stdout
+
+
+def test_dump_settings_from_environment(run):
+    script = (
+        "import sglang_otel_kernels as s\n"
+        "c = s.get_config()\n"
+        "print(c.dump_dir, c.dump_include, c.dump_exclude, c.dump_max_bytes, c.dump_max_count)\n"
+    )
+    out = run({"SGLANG_KERNEL_API_DUMP_DIR": "/tmp/d_%i", "SGLANG_KERNEL_API_DUMP_INCLUDE": "sglang.*, ,*norm*",
+               "SGLANG_KERNEL_API_DUMP_EXCLUDE": "*moe*", "SGLANG_KERNEL_API_DUMP_MAX_BYTES": "2G",
+               "SGLANG_KERNEL_API_DUMP_MAX_COUNT": "50"}, script)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "/tmp/d_%i ('sglang.*', '*norm*') ('*moe*',) 2147483648 50"
+    out = run({"SGLANG_KERNEL_API_DUMP_MAX_BYTES": "lots", "SGLANG_KERNEL_API_DUMP_MAX_COUNT": "-3"}, script)
+    assert out.stdout.split("\n")[0] == f"sglang_kernel_api_dumps () () {20 * 1024**3} 1000"
+    assert "cannot parse SGLANG_KERNEL_API_DUMP_MAX_BYTES='lots'" in out.stderr
+    assert "cannot parse SGLANG_KERNEL_API_DUMP_MAX_COUNT='-3'" in out.stderr
 
 
 def test_configure_rejects_bad_values():
@@ -83,3 +101,7 @@ def test_configure_rejects_bad_values():
     for bad in ("", "   ", 5):
         with pytest.raises(ValueError):
             sok.configure(log_dest=bad)
+    for bad in ({"dump_dir": ""}, {"dump_include": "k*"}, {"dump_exclude": [1]}, {"dump_max_bytes": -1},
+                {"dump_max_count": 1.5}, {"dump_max_count": True}):
+        with pytest.raises(ValueError):
+            sok.configure(**bad)

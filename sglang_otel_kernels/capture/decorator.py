@@ -10,6 +10,7 @@ kernel's own exception.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import os
 from typing import Any, Callable, TypeVar, overload
@@ -25,11 +26,12 @@ from ..describe.values import describe, tensors_in
 from .. import schema
 from ..record import attributes as _attrs
 from ..record import blackbox
+from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.processor import current_writer, set_writer
 from ..record.setup import make_writer
 from ..record.spans import TRACER_NAME, SpanRecorder
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
-from .guards import is_compiling
+from .guards import is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -58,6 +60,9 @@ class _Runtime:
                                cfg.trace_file_fsync, cfg.faulthandler)
         if previous is None or previous.trace_file_key != self.trace_file_key:
             set_writer(make_writer(cfg))
+        # Level-10 counters and limits hold for the process while the dump settings stay.
+        dumps = Dumps(cfg)
+        self.dumps = previous.dumps if previous is not None and previous.dumps.settings == dumps.settings else dumps
 
 
 _runtime = _Runtime(_config.get_config())
@@ -77,6 +82,7 @@ def _after_fork_in_child() -> None:
     global _call_numbers
     _call_numbers = itertools.count(1)
     _runtime.text.after_fork_in_child()
+    _runtime.dumps.after_fork_in_child()
 
 
 _config.on_change(_reconfigure)
@@ -106,21 +112,29 @@ def _positional_names(index: int) -> tuple[str, str]:
     return f"arg[{index}]", f"input.arg{index}"
 
 
-class _Call:
-    __slots__ = ("span", "token", "inputs_nonfinite", "writer", "seq")
+def _trace_ids(context, span_key: str) -> dict:
+    """The ids a dump's metadata carries, to find its trace."""
+    if not context.is_valid:
+        return {}
+    return {"trace_id": f"{context.trace_id:032x}", span_key: f"{context.span_id:016x}"}
 
-    def __init__(self, span, token, inputs_nonfinite: list, writer=None, seq: int = 0) -> None:
+
+class _Call:
+    __slots__ = ("span", "token", "inputs_nonfinite", "writer", "seq", "dump")
+
+    def __init__(self, span, token, inputs_nonfinite: list, writer=None, seq: int = 0, dump: str | None = None) -> None:
         self.span = span
         self.token = token
         self.inputs_nonfinite = inputs_nonfinite
         self.writer = writer  # the trace file of a black-box call
         self.seq = seq
+        self.dump = dump  # level 10: the directory holding the call's inputs
 
 
 class KernelSite:
     """One decorated function: its name and level, fixed at decoration time."""
 
-    __slots__ = ("name", "level", "skip_self", "with_args", "with_stats")
+    __slots__ = ("name", "level", "skip_self", "with_args", "with_stats", "with_dumps", "function", "on_object")
 
     def __init__(self, func: Callable[..., Any], name: str, level: int) -> None:
         self.name = name
@@ -128,6 +142,10 @@ class KernelSite:
         self.skip_self = takes_self_first(func)
         self.with_args = level >= 3
         self.with_stats = level >= 5
+        self.with_dumps = level >= 10
+        self.function = import_path(func) if self.with_dumps else None
+        # A bound method's object, like a skipped self, is not in the dump.
+        self.on_object = self.skip_self or inspect.ismethod(func)
 
     def begin(self, args: tuple, kwargs: dict) -> _Call | None:
         try:
@@ -156,16 +174,28 @@ class KernelSite:
                 lines += section_lines(
                     "Keyword input arguments:", [(n, d) for n, _, d in entries[len(positional):]], self.with_stats
                 )
+        dump = skipped = None
+        if self.with_dumps and runtime.dumps.wants(self.name):
+            dump, skipped = self._dump_inputs(runtime, positional, kwargs)
+            if runtime.text.enabled:
+                lines.append(f"Dumped inputs to: {dump}" if dump else
+                             "Tensor dump skipped: CUDA graph capture in progress" if skipped == SKIPPED_CAPTURE else
+                             f"Tensor dump skipped: {skipped}")
+        if runtime.text.enabled:
             runtime.text.write_lines(lines)
         nonfinite: list = []
         if runtime.blackbox:
             writer = current_writer()
             if writer is not None:
                 blackbox.start(writer, self.name, seq)
-            return _Call(None, None, nonfinite, writer, seq)
+            return _Call(None, None, nonfinite, writer, seq, dump)
         if runtime.spans is None:
-            return _Call(None, None, nonfinite)
+            return _Call(None, None, nonfinite, dump=dump)
         attrs = {schema.NAME: self.name, schema.LEVEL: self.level, schema.SEQ: seq}
+        if dump is not None:
+            attrs[schema.DUMP_DIR] = dump
+        elif skipped is not None:
+            attrs[schema.DUMP_SKIPPED] = skipped
         if self.with_stats:
             # Placed first so that a long argument list never pushes them out.
             attrs[schema.HAS_NAN] = attrs[schema.HAS_INF] = False
@@ -175,7 +205,17 @@ class KernelSite:
         if nonfinite:
             self._set_flags(attrs, nonfinite)
         span, token = runtime.spans.start(self.name, attrs)
-        return _Call(span, token, nonfinite)
+        return _Call(span, token, nonfinite, dump=dump)
+
+    def _dump_inputs(self, runtime: _Runtime, positional: tuple, kwargs: dict) -> tuple[str | None, str | None]:
+        if is_graph_capturing("cuda"):
+            return None, SKIPPED_CAPTURE
+        context = _trace_ids(trace.get_current_span().get_span_context(), "parent_span_id")
+        return runtime.dumps.save_inputs(self.name, self.function, self.on_object, positional, kwargs, context)
+
+    @staticmethod
+    def _span_ids(call: _Call) -> dict:
+        return _trace_ids(call.span.get_span_context(), "span_id") if call.span is not None else {}
 
     def _set_flags(self, attrs: dict, nonfinite: list) -> None:
         attrs[schema.NONFINITE] = tuple(nonfinite)
@@ -186,14 +226,16 @@ class KernelSite:
         if call is None:
             return
         try:
-            if not self.with_args or not _runtime.describes_arguments:
+            runtime = _runtime
+            dumped = call.dump is not None and runtime.dumps.save_outputs(call.dump, result, self._span_ids(call))
+            if not self.with_args or not runtime.describes_arguments:
                 return
             node = describe(result)
             if self.with_stats:
                 fill_statistics(tensors_in([node]))
-            runtime = _runtime
             if runtime.text.enabled:
-                runtime.text.write_lines(section_lines("Output:", [("return", node)], self.with_stats))
+                lines = [f"Dumped outputs to: {call.dump}"] if dumped else []
+                runtime.text.write_lines(lines + section_lines("Output:", [("return", node)], self.with_stats))
             if call.span is not None and call.span.is_recording():
                 self._record_output(runtime, call, node)
         except Exception as exc:
@@ -223,6 +265,8 @@ class KernelSite:
         if call is None:
             return
         runtime = _runtime
+        if call.dump is not None:
+            runtime.dumps.save_exception(call.dump, exc, self._span_ids(call))
         try:
             if isinstance(exc, Exception) and runtime.text.enabled:
                 # SGLang logs Exception subclasses only (not KeyboardInterrupt, SystemExit).

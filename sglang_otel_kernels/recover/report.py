@@ -8,7 +8,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, INPUT_PREFIX, NAME, REQUEST_ID, SEQ
+from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, INPUT_PREFIX, NAME, REQUEST_ID, SEQ
 from .reader import RecoveredSpan, TraceFileContents
 
 _TENSOR_FIELDS = ("shape", "dtype", "device", "stride", "contiguous", "requires_grad",
@@ -75,6 +75,7 @@ def _call(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], source: str) -> 
         "description": span.status_description,
         "seq": span.attributes.get(SEQ),
         "inputs": _inputs(span),
+        "dump_dir": span.attributes.get(DUMP_DIR),
         "exception": None if exception is None else {
             "type": exception.get("exception.type"), "message": exception.get("exception.message")},
         "requests": _requests_of(span, by_id),
@@ -143,6 +144,8 @@ def _call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
         lines.append(f"{indent}  raised {call['exception']['type']}: {call['exception']['message']}")
     for path, value in call["inputs"].items():
         lines.append(f"{indent}  {path} = {_render_value(value)}")
+    if call["dump_dir"]:
+        lines.append(f"{indent}  inputs dumped to {call['dump_dir']}  (sglang-otel-kernels rerun DIR)")
     requests = call["requests"]
     if requests:
         if "batch" in requests:

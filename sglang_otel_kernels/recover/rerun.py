@@ -1,0 +1,300 @@
+"""Running a dumped call again (`sglang-otel-kernels rerun DUMP_DIR`): the
+inputs of a level-10 dump, the function found by its import path, and a
+comparison of what happens now with what the dump recorded.
+
+Works on SGLang's own dumps too (same layout); those carry no import path, so
+the function is given with `--function`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import os
+import traceback
+from typing import Any, Callable
+
+import torch
+
+from ..record import dumps as _dumps
+
+
+class DumpError(Exception):
+    """The dump cannot be re-run; the message says why and what to do."""
+
+
+# -- loading ------------------------------------------------------------------
+
+
+def _load_tensors(directory: str, name: str, keys: list) -> dict:
+    if not keys:
+        return {}
+    path = os.path.join(directory, name)
+    if not os.path.exists(path):
+        raise DumpError(f"{directory}: incomplete dump, {name} is missing (metadata lists tensors {keys[:4]})")
+    try:
+        tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise DumpError(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from None
+    if not isinstance(tensors, dict) or not set(keys) <= set(tensors):
+        raise DumpError(f"{path}: does not hold the tensors the metadata lists")
+    return tensors
+
+
+def _from_json(prefix: str, value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    kind = value.get("type")
+    if kind == "torch.dtype":
+        dtype = getattr(torch, str(value.get("value", "")).removeprefix("torch."), None)
+        if isinstance(dtype, torch.dtype):
+            return dtype
+    elif kind == "torch.device":
+        return torch.device(value.get("value"))
+    raise DumpError(f"argument {prefix} was a {kind} and the dump holds only its repr ({value.get('repr')!r}), "
+                    "so it cannot be rebuilt; pass --function a wrapper that supplies it")
+
+
+def _rebuild(prefix: str, tensors: dict, metadata: dict) -> Any:
+    if prefix in tensors:
+        return tensors[prefix]
+    container = metadata.get(prefix + "__container")
+    if isinstance(container, dict):
+        if container.get("type") == "dict":
+            return {key: _rebuild(f"{prefix}_{key}", tensors, metadata) for key in container.get("keys", [])}
+        items = [_rebuild(f"{prefix}_{i}", tensors, metadata) for i in range(int(container.get("length", 0)))]
+        return items if container.get("type") == "list" else tuple(items)
+    if prefix in metadata:
+        return _from_json(prefix, metadata[prefix])
+    raise DumpError(f"argument {prefix} is not in the dump")
+
+
+def _top_level(keys: set, marker: str) -> list:
+    """Top-level argument paths (`arg_0`, `kwarg_eps`) among flattened keys, for
+    dumps without our counts (SGLang's): a path inside a container is not one."""
+    paths = {key.removesuffix("__container") for key in keys if key.startswith(marker)}
+    containers = {key.removesuffix("__container") for key in keys if key.endswith("__container")}
+    return [p for p in paths if not any(p != c and p.startswith(c + "_") for c in containers)]
+
+
+def load_call(directory: str) -> tuple[dict, list, dict, dict]:
+    """(metadata, positional arguments, keyword arguments, saved output tensors)."""
+    if not os.path.isdir(directory):
+        raise DumpError(f"{directory}: no such dump directory")
+    try:
+        metadata = _dumps.read_metadata(directory)
+    except FileNotFoundError:
+        raise DumpError(f"{directory}: incomplete dump, no {_dumps.METADATA} "
+                        "(the process ended before the inputs were saved)") from None
+    except (OSError, ValueError) as exc:
+        raise DumpError(f"{directory}: {_dumps.METADATA} cannot be read ({exc})") from None
+    tensors = _load_tensors(directory, _dumps.INPUTS, list(metadata.get("input_tensor_keys") or []))
+    values = metadata.get("input_metadata") or {}
+    keys = set(tensors) | set(values)
+    count = metadata.get("positional_count")
+    if not isinstance(count, int):
+        count = 1 + max((int(p.split("_")[1]) for p in _top_level(keys, "arg_")), default=-1)
+    names = metadata.get("keyword_names")
+    if not isinstance(names, list):
+        names = [p.removeprefix("kwarg_") for p in sorted(_top_level(keys, "kwarg_"))]
+    positional = [_rebuild(f"arg_{i}", tensors, values) for i in range(count)]
+    keyword = {name: _rebuild(f"kwarg_{name}", tensors, values) for name in names}
+    outputs = {}
+    if metadata.get("execution_status") == _dumps.STATUS_COMPLETED:
+        outputs = _load_tensors(directory, _dumps.OUTPUTS, list(metadata.get("output_tensor_keys") or []))
+    return metadata, positional, keyword, outputs
+
+
+def _place(value: Any, devices: dict, prefix: str, override: str | None, notes: list) -> Any:
+    """Tensors go back to the device they were on, when it is here."""
+    if isinstance(value, torch.Tensor):
+        target = override or devices.get(prefix, "cpu")
+        try:
+            return value.to(target)
+        except (RuntimeError, AssertionError) as exc:
+            notes.append(f"{prefix} stays on the CPU: {target} is not available here ({type(exc).__name__})")
+            return value
+    if isinstance(value, dict):
+        return {k: _place(v, devices, f"{prefix}_{k}", override, notes) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        placed = [_place(v, devices, f"{prefix}_{i}", override, notes) for i, v in enumerate(value)]
+        return placed if isinstance(value, list) else tuple(placed)
+    return value
+
+
+# -- finding the function -------------------------------------------------------
+
+
+def resolve(path: str) -> Callable[..., Any]:
+    """`package.module:qualname`, `path/to/file.py:qualname` or `torch.ops.<ns>:<op>`;
+    a function our decorator wrapped is unwrapped, so the re-run records nothing."""
+    module_name, sep, qualname = path.partition(":")
+    if not sep or not module_name or not qualname:
+        raise DumpError(f"function {path!r}: expected module:qualname")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise DumpError(f"function {path!r} was defined inside a function and cannot be imported; "
+                        "pass --function module:name of an importable one")
+    if module_name.startswith("torch.ops."):
+        namespace = module_name.removeprefix("torch.ops.")
+        try:
+            return getattr(getattr(torch.ops, namespace), qualname)
+        except (AttributeError, RuntimeError):
+            raise DumpError(f"torch.ops.{namespace}.{qualname} is not registered in this process; pass "
+                            "--function the Python function (or a module that registers the op)") from None
+    if module_name == "__main__":
+        raise DumpError(f"function {path!r} was defined in a script run as __main__; "
+                        "pass --function path/to/script.py:name")
+    try:
+        if module_name.endswith(".py"):
+            spec = importlib.util.spec_from_file_location("_sok_rerun_target", module_name)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {module_name}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise DumpError(f"cannot import {module_name} ({type(exc).__name__}: {exc})") from None
+    target: Any = module
+    for part in qualname.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise DumpError(f"{module_name} has no {qualname}") from None
+    if not callable(target):
+        raise DumpError(f"{path} is not callable")
+    return inspect.unwrap(target)
+
+
+# -- comparing --------------------------------------------------------------------
+
+
+def _nonfinite(tensor: torch.Tensor) -> tuple[int, int]:
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return 0, 0
+    return int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+
+
+def compare_tensor(key: str, now: torch.Tensor, saved: torch.Tensor | None, rtol: float, atol: float) -> dict:
+    now = now.detach().cpu()
+    entry: dict = {"key": key, "shape": list(now.shape), "dtype": str(now.dtype)}
+    entry["nan"], entry["inf"] = _nonfinite(now)
+    if saved is None:
+        entry.update(match=None, reason="no saved output to compare with")
+        return entry
+    entry["saved_nan"], entry["saved_inf"] = _nonfinite(saved)
+    if now.shape != saved.shape or now.dtype != saved.dtype:
+        entry.update(match=False, reason=f"saved {list(saved.shape)} {saved.dtype}")
+        return entry
+    wide = torch.complex128 if now.is_complex() else torch.float64
+    a, b = now.to(wide), saved.to(wide)
+    both = torch.isfinite(a) & torch.isfinite(b)
+    difference = (a - b).abs()[both]
+    entry["max_abs_diff"] = float(difference.max()) if difference.numel() else 0.0
+    scale = b.abs()[both].clamp_min(torch.finfo(torch.float64).tiny)
+    entry["max_rel_diff"] = float((difference / scale).max()) if difference.numel() else 0.0
+    entry["match"] = bool(torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True))
+    if not entry["match"]:
+        entry["reason"] = "values differ beyond rtol/atol"
+    return entry
+
+
+def rerun(directory: str, function: str | None = None, device: str | None = None,
+          rtol: float = 1e-5, atol: float = 1e-8) -> dict:
+    """Re-runs the call in `directory`; returns the report (see `render`)."""
+    metadata, positional, keyword, saved = load_call(directory)
+    path = function or metadata.get("function")
+    if not path:
+        raise DumpError(f"{directory}: the dump does not say where its function is (an SGLang dump?); "
+                        "pass --function module:qualname")
+    if metadata.get("self_skipped") and function is None:
+        raise DumpError(f"{metadata.get('function_name')} was called as a method and its object was not saved; "
+                        "pass --function a function taking the same arguments")
+    target = resolve(path)
+    notes: list = []
+    devices = metadata.get("input_tensor_devices") or {}
+    positional = [_place(v, devices, f"arg_{i}", device, notes) for i, v in enumerate(positional)]
+    keyword = {k: _place(v, devices, f"kwarg_{k}", device, notes) for k, v in keyword.items()}
+    status = metadata.get("execution_status")
+    recorded = {"status": status, "exception": metadata.get("exception")}
+    report: dict = {"dump": os.path.abspath(directory), "name": metadata.get("function_name"), "function": path,
+                    "recorded": recorded, "notes": notes, "outputs": []}
+    try:
+        result = target(*positional, **keyword)
+    except Exception as exc:
+        report["rerun"] = {"status": "exception", "type": type(exc).__name__, "message": str(exc),
+                           "traceback": traceback.format_exc()}
+        expected = (recorded["exception"] or {}).get("type")
+        if status == _dumps.STATUS_EXCEPTION:
+            report["reproduced"] = expected == type(exc).__name__
+            report["verdict"] = ("reproduced: raised the recorded " + expected if report["reproduced"]
+                                 else f"differs: raised {type(exc).__name__}, the dump recorded {expected}")
+        elif status == _dumps.STATUS_SAVED:
+            report["reproduced"] = True
+            report["verdict"] = f"reproduced a failure: raised {type(exc).__name__} (the original call never finished)"
+        else:
+            report["reproduced"] = False
+            report["verdict"] = f"differs: raised {type(exc).__name__}, the original call completed"
+        return report
+    if device is None and torch.cuda.is_available():
+        torch.cuda.synchronize()  # an asynchronous CUDA error belongs to this call
+    report["rerun"] = {"status": "completed"}
+    tensors: dict = {}
+    values: dict = {}
+    _dumps.collect("result", result, tensors, values, {})
+    entries = [compare_tensor(key, tensor, saved.get(key) if saved else None, rtol, atol)
+               for key, tensor in tensors.items()]
+    report["outputs"] = entries
+    nonfinite = sum(e["nan"] + e["inf"] for e in entries)
+    if status == _dumps.STATUS_COMPLETED:
+        missing = set(metadata.get("output_tensor_keys") or []) - set(tensors)
+        values_match = values == (metadata.get("output_metadata") or {})
+        report["reproduced"] = not missing and values_match and all(e["match"] for e in entries)
+        if report["reproduced"]:
+            report["verdict"] = "reproduced: the outputs match the saved ones"
+        else:
+            why = [f"{e['key']}: {e.get('reason')}" for e in entries if not e["match"]]
+            why += [f"{key}: missing now" for key in sorted(missing)]
+            if not values_match:
+                why.append("non-tensor outputs differ")
+            report["verdict"] = "differs: " + "; ".join(why)
+    elif status == _dumps.STATUS_EXCEPTION:
+        report["reproduced"] = False
+        report["verdict"] = f"differs: completed, the dump recorded {(recorded['exception'] or {}).get('type')}"
+    else:
+        report["reproduced"] = nonfinite > 0
+        report["verdict"] = ("reproduced a failure: the outputs hold NaN/Inf" if nonfinite else
+                             "not reproduced: the call completed (the original never finished)")
+    return report
+
+
+def render(report: dict) -> str:
+    recorded = report["recorded"]
+    lines = [f"dump:      {report['dump']}", f"kernel:    {report['name']}  ({report['function']})"]
+    if recorded["status"] == _dumps.STATUS_EXCEPTION and recorded.get("exception"):
+        lines.append(f"recorded:  exception {recorded['exception'].get('type')}: {recorded['exception'].get('message')}")
+    elif recorded["status"] == _dumps.STATUS_SAVED:
+        lines.append("recorded:  inputs_saved (the process ended during the call)")
+    else:
+        lines.append(f"recorded:  {recorded['status']}")
+    outcome = report["rerun"]
+    if outcome["status"] == "exception":
+        lines.append(f"re-run:    raised {outcome['type']}: {outcome['message']}")
+    else:
+        lines.append("re-run:    completed")
+    for entry in report["outputs"]:
+        text = f"  {entry['key']}: {entry['shape']} {entry['dtype']} nan={entry['nan']} inf={entry['inf']}"
+        if "max_abs_diff" in entry:
+            text += f" max_abs_diff={_number(entry['max_abs_diff'])} max_rel_diff={_number(entry['max_rel_diff'])}"
+        if entry.get("match") is not None:
+            text += " match" if entry["match"] else f" MISMATCH ({entry.get('reason')})"
+        lines.append(text)
+    lines += [f"note:      {note}" for note in report["notes"]]
+    lines.append(f"verdict:   {report['verdict']}")
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.3g}"
