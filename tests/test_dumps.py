@@ -306,3 +306,14 @@ def test_rerun_of_a_method_call_needs_a_function(dumping, tmp_path, capsys):
     assert "called as a method and its object was not saved" in capsys.readouterr().err
     assert cli(["rerun", str(directory), "--function", "dump_kernels:double"]) == 0
     assert "verdict:   reproduced" in capsys.readouterr().out
+
+
+def test_no_dump_while_a_cuda_graph_is_captured(dumping, tmp_path, monkeypatch):
+    # No GPU here: the capture probe SGLang uses is made to say yes.
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    kernels, exporter = dumping(log_dest=str(tmp_path / "log.txt"))
+    kernels["scale"](torch.ones(2), 1.0)
+    assert dump_dirs(tmp_path) == []
+    [span] = exporter.get_finished_spans()
+    assert span.attributes[K + "dump_skipped"] == "graph capture in progress"
+    assert "Tensor dump skipped: CUDA graph capture in progress\n" in (tmp_path / "log.txt").read_text()
