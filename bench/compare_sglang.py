@@ -29,11 +29,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import zipfile
 
 from local_receiver import live_receiver
+from sglang_wheel import fetch_sglang_logger
 
-WHEEL_MEMBER = "sglang/kernels/kernel_api_logging.py"
 
 CHILD = r"""
 import importlib.util, os, statistics, sys, time
@@ -79,21 +78,6 @@ for _ in range(repeats):
 print(statistics.median(samples))
 os._exit(0)  # skip the exporter's flush at exit: not part of a call's cost
 """
-
-
-def fetch_sglang_logger(directory: str) -> str:
-    """Downloads the sglang wheel (no dependencies) and extracts the logger."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
-         "sglang", "-d", directory],
-        capture_output=True, text=True,
-    )
-    wheels = [name for name in os.listdir(directory) if name.startswith("sglang-") and name.endswith(".whl")]
-    if proc.returncode != 0 or not wheels:
-        raise RuntimeError(f"cannot download the sglang wheel: {proc.stderr.strip()[-500:]}")
-    with zipfile.ZipFile(os.path.join(directory, wheels[0])) as wheel:
-        wheel.extract(WHEEL_MEMBER, directory)
-    return os.path.join(directory, WHEEL_MEMBER), wheels[0]
 
 
 def environment(mode: str, level: int, workdir: str, logger: str, endpoint: str) -> dict[str, str]:

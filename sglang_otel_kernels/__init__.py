@@ -7,21 +7,29 @@
 
 Levels and destinations come from SGLang's variables (SGLANG_KERNEL_API_LOGLEVEL,
 SGLANG_KERNEL_API_LOGDEST), read at import, or from `configure()` called before
-decorating. `read_trace()` reads a trace file back.
+decorating. `read_trace()` reads a trace file back. Without editing code:
+`register_kernel_op` (custom ops), `instrument_namespace` (a torch.ops
+namespace), `instrument` (functions by import path, also from
+SGLANG_KERNEL_API_INSTRUMENT, applied when this package is imported), and
+`sglang-otel-kernels run -- <command>` for SGLang itself.
 
 The decorator side (which needs torch) loads on first use, so reading a trace
 file, exporting or reporting works where torch is not installed.
 """
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+from .capture.patches import Instrumentation
+from .capture.paths import ENV_PATHS, instrument, instrument_from_env
 from .config import KernelTraceConfig, configure, get_config
 from .record.processor import trace_file_path
 from .recover.reader import RecoveredSpan, TraceFileContents, TraceFileError, read_trace, read_trace_file
 
 if TYPE_CHECKING:
     from .capture.decorator import debug_kernel_api, debug_torch_op, wrap_method_with_debug_kernel_once
+    from .capture.ops import instrument_namespace, register_kernel_op, register_kernel_op_from_extern
     from .capture.requests import extract, forward_batch, inject
 
 # name -> module under capture/, loaded on first use (they import torch)
@@ -32,6 +40,9 @@ _CAPTURE = {
     "forward_batch": "requests",
     "inject": "requests",
     "extract": "requests",
+    "register_kernel_op": "ops",
+    "register_kernel_op_from_extern": "ops",
+    "instrument_namespace": "ops",
 }
 
 
@@ -43,7 +54,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+if os.environ.get(ENV_PATHS) and get_config().level > 0:
+    # At level 0 it waits for whoever turns recording on (the OpenTelemetry
+    # instrumentor, configure()-then-instrument_from_env()).
+    instrument_from_env()
+
 __all__ = [
+    "Instrumentation",
     "KernelTraceConfig",
     "RecoveredSpan",
     "TraceFileContents",
@@ -56,8 +73,12 @@ __all__ = [
     "forward_batch",
     "get_config",
     "inject",
+    "instrument",
+    "instrument_namespace",
     "read_trace",
     "read_trace_file",
+    "register_kernel_op",
+    "register_kernel_op_from_extern",
     "trace_file_path",
     "wrap_method_with_debug_kernel_once",
 ]

@@ -100,6 +100,32 @@ def _rerun(options) -> int:
     return 0 if report["reproduced"] else 1
 
 
+def _run(options) -> int:
+    import os
+    import shutil
+
+    from . import bootstrap
+
+    command = options.command_line[1:] if options.command_line[:1] == ["--"] else options.command_line
+    if not command:
+        raise _Failure("run: no command given (sglang-otel-kernels run [options] -- COMMAND [ARGS...])")
+    executable = shutil.which(command[0])
+    if executable is None:
+        raise _Failure(f"run: command not found: {command[0]}")
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.abspath(bootstrap.__file__))
+    env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if options.level is not None:
+        env["SGLANG_KERNEL_API_LOGLEVEL"] = str(options.level)
+    if options.instrument:
+        env["SGLANG_KERNEL_API_INSTRUMENT"] = ",".join(
+            [p for p in env.get("SGLANG_KERNEL_API_INSTRUMENT", "").split(",") if p.strip()] + options.instrument)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(executable, command, env)
+    return 0  # not reached
+
+
 def _demo(options) -> int:
     from .demo import run
 
@@ -168,6 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
     rerun.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance for outputs (default 1e-8)")
     rerun.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
     rerun.set_defaults(handler=_rerun)
+    run = commands.add_parser(
+        "run", help="run a command with SGLang's kernel logging (and SGLANG_KERNEL_API_INSTRUMENT) recorded by "
+                    "this package in all its Python processes",
+    )
+    run.add_argument("--level", type=int, choices=(0, 1, 3, 5, 10),
+                     help="set SGLANG_KERNEL_API_LOGLEVEL for the command (default: as set in the environment)")
+    run.add_argument("--instrument", action="append", metavar="MODULE:QUALNAME", default=[],
+                     help="also record this function or method (repeatable; added to SGLANG_KERNEL_API_INSTRUMENT)")
+    run.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    run.set_defaults(handler=_run)
     return parser
 
 

@@ -1,0 +1,79 @@
+"""Run a callback right after a module is imported (or now, if it already is),
+so that a library's functions can be replaced before anything imports them by
+name. Torch-free: hooks can be set before torch or the target is imported."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from typing import Callable
+
+_lock = threading.RLock()
+_hooks: dict[str, list[Callable]] = {}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Sits first on sys.meta_path; for a watched module, finds the real spec
+    with the other finders and wraps its loader so the hooks run after it."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _hooks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        _run(module.__name__, module)
+
+    def __getattr__(self, name):  # get_source, is_package, ... of the real loader
+        return getattr(self._loader, name)
+
+
+_finder = _Finder()
+
+
+def _run(name: str, module) -> None:
+    with _lock:
+        callbacks = list(_hooks.get(name, ()))
+    for callback in callbacks:
+        callback(module)
+
+
+def when_imported(name: str, callback: Callable) -> Callable[[], None]:
+    """Calls `callback(module)` once `name` is imported (at once if it is);
+    returns a function that removes the hook."""
+    with _lock:
+        _hooks.setdefault(name, []).append(callback)
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+    module = sys.modules.get(name)
+    if module is not None:
+        callback(module)
+
+    def remove() -> None:
+        with _lock:
+            callbacks = _hooks.get(name, [])
+            if callback in callbacks:
+                callbacks.remove(callback)
+            if not callbacks:
+                _hooks.pop(name, None)
+
+    return remove

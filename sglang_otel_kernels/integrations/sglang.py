@@ -1,0 +1,91 @@
+"""SGLang's own kernel logging, made ours: `install()` replaces
+`debug_kernel_api`, `debug_torch_op` and `wrap_method_with_debug_kernel_once`
+in `sglang.kernels.kernel_api_logging` the moment that module is imported,
+before SGLang's layers import them from it, so every kernel SGLang decorates
+(custom ops, attention backends, quant methods) produces our spans, trace file
+and text log. With SGLang's request tracing on (`--enable-trace`), SGLang
+installs its TracerProvider, which kernel spans then share, and each
+`Scheduler.run_batch` runs inside a `forward_batch` span linked to the root
+span of every request in the batch, so kernels attach to its request traces.
+
+Install it before SGLang is imported: `sglang-otel-kernels run -- python -m
+sglang.launch_server ...` does so in every process of the server (its
+spawned scheduler and worker processes included).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+from .. import config as _config
+from ..capture import import_hooks
+from ..capture.patches import Instrumentation, Patch
+from ..notices import warn
+
+LOGGING_MODULE = "sglang.kernels.kernel_api_logging"
+SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+NAMES = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
+BATCH_SPAN = "sglang.forward_batch"
+
+_installed: Instrumentation | None = None
+
+
+def install() -> Instrumentation:
+    """Idempotent; returns the handle whose `undo()` (or `uninstall()`) gives
+    SGLang its own functions back."""
+    global _installed
+    if _installed is not None and _installed.active:
+        return _installed
+    handle = Instrumentation("sglang")
+    handle.on_undo(import_hooks.when_imported(LOGGING_MODULE, functools.partial(_patch_logging, handle)))
+    handle.on_undo(import_hooks.when_imported(SCHEDULER_MODULE, functools.partial(_patch_scheduler, handle)))
+    _installed = handle
+    return handle
+
+
+def uninstall() -> None:
+    if _installed is not None:
+        _installed.undo()
+
+
+def _patch_logging(handle: Instrumentation, module: Any) -> None:
+    from ..capture import decorator
+
+    originals = {name: getattr(module, name, None) for name in NAMES}
+    for name in NAMES:
+        if originals[name] is not None and originals[name] is not getattr(decorator, name):
+            handle.add(Patch(module, name, getattr(decorator, name)))
+    # Modules that imported SGLang's functions before this keep them.
+    early = sorted(
+        other_name for other_name, other in list(sys.modules.items())
+        if other_name.startswith("sglang.") and other_name != LOGGING_MODULE and other is not None
+        and any(originals[name] is not None and vars(other).get(name) is originals[name] for name in NAMES)
+    )
+    if early:
+        shown = ", ".join(early[:5]) + (f" and {len(early) - 5} more" if len(early) > 5 else "")
+        warn(f"SGLang modules imported before the integration keep SGLang's own logger: {shown}; "
+             "install it first (sglang-otel-kernels run -- <command>)")
+
+
+def _request_context(request: Any) -> tuple[Any, Any]:
+    """(the root span context of a request's SGLang trace, its id)."""
+    trace_context = getattr(getattr(request, "time_stats", None), "trace_ctx", None)
+    return getattr(trace_context, "root_span_context", None), getattr(request, "rid", None)
+
+
+def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
+    scheduler = getattr(module, "Scheduler", None)
+    original = getattr(scheduler, "run_batch", None)
+    if original is None or _config.get_config().level == 0:
+        return
+    from ..capture.requests import forward_batch
+
+    @functools.wraps(original)
+    def run_batch(self, batch, *args, **kwargs):
+        requests = [_request_context(request) for request in (getattr(batch, "reqs", None) or ())]
+        with forward_batch(requests, name=BATCH_SPAN):
+            return original(self, batch, *args, **kwargs)
+
+    handle.add(Patch(scheduler, "run_batch", run_batch))

@@ -1,0 +1,181 @@
+"""The SGLang integration against SGLang's real logger module,
+`sglang/kernels/kernel_api_logging.py` from the published wheel (downloaded
+now, never committed), in a package tree beside stand-ins for the SGLang
+modules that import it (a layer, a custom op, a quant method, a scheduler)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import sglang_otel_kernels as sok
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+sys.path.insert(0, BENCH)
+from sglang_wheel import RegistryUnreachable, fetch_sglang_logger  # noqa: E402
+
+K = "sglang.kernel."
+
+LAYER = '''
+import torch
+from sglang.kernels.kernel_api_logging import debug_kernel_api, debug_torch_op, wrap_method_with_debug_kernel_once
+
+
+@debug_kernel_api
+def rmsnorm(x, weight, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.nn.functional.silu(x[..., :half]) * x[..., half:]
+
+
+_lib = torch.library.Library("sglang", "FRAGMENT")
+_lib.define("silu_and_mul(Tensor x) -> Tensor")
+_lib.impl("silu_and_mul", _silu_and_mul, "CompositeExplicitAutograd")
+silu_and_mul = debug_torch_op(_silu_and_mul, "silu_and_mul")
+
+
+class UnquantizedLinearMethod:
+    def apply(self, layer, x):
+        return x @ layer
+
+
+def linear(weight, x):
+    method = UnquantizedLinearMethod()
+    wrap_method_with_debug_kernel_once(method, "apply", op_name="sglang.quant_method.UnquantizedLinearMethod.apply")
+    return method.apply(weight, x)
+'''
+
+# A stand-in for sglang.srt.managers.scheduler: the attribute names are SGLang's
+# (Scheduler.run_batch(batch), batch.reqs, req.rid, req.time_stats.trace_ctx.root_span_context).
+SCHEDULER = '''
+import types
+from sglang.srt.layers.norm import rmsnorm
+
+
+class Scheduler:
+    def run_batch(self, batch):
+        return [rmsnorm(req.x, req.x.new_ones(req.x.shape[-1])) for req in batch.reqs]
+
+
+def request(rid, x, root_span_context):
+    trace_ctx = types.SimpleNamespace(root_span_context=root_span_context)
+    return types.SimpleNamespace(rid=rid, x=x, time_stats=types.SimpleNamespace(trace_ctx=trace_ctx))
+'''
+
+
+@pytest.fixture(scope="module")
+def sglang_tree(tmp_path_factory):
+    download = tmp_path_factory.mktemp("sglang-wheel")
+    try:
+        logger, wheel = fetch_sglang_logger(str(download))
+    except RegistryUnreachable as exc:
+        pytest.skip(str(exc))
+    tree = tmp_path_factory.mktemp("sglang-tree")
+    for package in ("sglang", "sglang/kernels", "sglang/srt", "sglang/srt/layers", "sglang/srt/managers"):
+        (tree / package).mkdir(parents=True, exist_ok=True)
+        (tree / package / "__init__.py").write_text("")
+    shutil.copy(logger, tree / "sglang/kernels/kernel_api_logging.py")
+    (tree / "sglang/srt/layers/norm.py").write_text(LAYER)
+    (tree / "sglang/srt/managers/scheduler.py").write_text(SCHEDULER)
+    return tree, wheel
+
+
+def launch(tree, tmp_path, script: str, *run_options: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update(PYTHONPATH=str(tree), SGLANG_KERNEL_API_LOGDEST=str(tmp_path / "kernels.log"),
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"))
+    (tmp_path / "app.py").write_text(textwrap.dedent(script))
+    return subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "run", *run_options, "--",
+                           sys.executable, str(tmp_path / "app.py")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_kernels_decorated_through_sglangs_import_path_produce_our_spans(sglang_tree, tmp_path):
+    tree, wheel = sglang_tree
+    proc = launch(tree, tmp_path, """
+        import torch
+        import sglang.kernels.kernel_api_logging as sglang_logging
+        from sglang.srt.layers import norm
+        import sglang_otel_kernels as sok
+        from sglang_otel_kernels.capture import decorator
+        assert sglang_logging.debug_kernel_api is decorator.debug_kernel_api
+        norm.rmsnorm(torch.ones(2, 8), torch.ones(8))
+        norm.silu_and_mul(torch.ones(2, 8))
+        norm.linear(torch.ones(8, 4), torch.ones(2, 8))
+        print(sok.trace_file_path())
+    """, "--level", "3")
+    assert proc.returncode == 0, f"{wheel}: {proc.stderr}"
+    spans = sok.read_trace(proc.stdout.strip().splitlines()[-1])
+    # SGLang's names: module path without "sglang.", the op named after its Python function, op_name as given.
+    assert [s.name for s in spans] == ["srt.layers.norm.rmsnorm", "srt.layers.norm._silu_and_mul",
+                                       "sglang.quant_method.UnquantizedLinearMethod.apply"]
+    assert spans[0].attributes[K + "input.arg0.shape"] == (2, 8)
+    assert spans[1].attributes[K + "output.shape"] == (2, 4)
+    assert spans[2].attributes[K + "input.arg0.shape"] == (8, 4)
+    # SGLang's text log, written once per call, by us.
+    log = (tmp_path / "kernels.log").read_text()
+    assert log.count("SGLang Kernel API Call: srt.layers.norm.rmsnorm") == 1
+    assert "Positional input arguments:\n  arg[0]=Tensor(\n      shape=(2, 8)" in log
+
+
+def test_batches_attach_kernels_to_sglangs_request_traces(sglang_tree, tmp_path):
+    tree, _ = sglang_tree
+    proc = launch(tree, tmp_path, """
+        import torch, types
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        # SGLang's --enable-trace installs its own SDK provider; kernel spans share it.
+        trace.set_tracer_provider(TracerProvider())
+        from sglang.srt.managers import scheduler
+        import sglang_otel_kernels as sok
+        tracer = trace.get_tracer("sglang server")
+        roots = [tracer.start_span(f"Req {i}") for i in range(2)]
+        batch = types.SimpleNamespace(reqs=[
+            scheduler.request(f"rid-{i}", torch.ones(1, 4), trace.set_span_in_context(root))
+            for i, root in enumerate(roots)])
+        scheduler.Scheduler().run_batch(batch)
+        for root in roots:
+            root.end()
+        print(" ".join(f"{r.get_span_context().trace_id}:{r.get_span_context().span_id}" for r in roots))
+        print(sok.trace_file_path())
+    """, "--level", "1")
+    assert proc.returncode == 0, proc.stderr
+    *_, root_ids, path = proc.stdout.strip().splitlines()
+    roots = sorted(tuple(map(int, pair.split(":"))) for pair in root_ids.split())
+    by_name = {}
+    for span in sok.read_trace(path):
+        by_name.setdefault(span.name, []).append(span)
+    [batch] = by_name["sglang.forward_batch"]
+    assert batch.attributes["sglang.batch.request_ids"] == ("rid-0", "rid-1")
+    assert sorted((link[0], link[1]) for link in batch.links) == roots
+    kernels = by_name["srt.layers.norm.rmsnorm"]
+    assert len(kernels) == 2 and all(k.parent_span_id == batch.span_id for k in kernels)
+    # Each request's trace holds a span that links back to the batch.
+    requests = by_name["sglang.forward_batch.request"]
+    assert sorted((r.trace_id, r.parent_span_id) for r in requests) == roots
+
+
+def test_install_and_uninstall_in_process(sglang_tree, monkeypatch):
+    tree, _ = sglang_tree
+    monkeypatch.syspath_prepend(str(tree))
+    from sglang_otel_kernels.capture import decorator
+    from sglang_otel_kernels.integrations import sglang as integration
+
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    handle = integration.install()
+    try:
+        assert integration.install() is handle  # idempotent
+        import sglang.kernels.kernel_api_logging as sglang_logging
+
+        assert sglang_logging.debug_torch_op is decorator.debug_torch_op
+    finally:
+        integration.uninstall()
+    assert sglang_logging.debug_kernel_api is not decorator.debug_kernel_api
+    assert sglang_logging.debug_kernel_api.__module__ == "sglang.kernels.kernel_api_logging"
