@@ -78,6 +78,9 @@ def test_compiled_graphs_keep_the_op_opaque_and_record_every_real_call(record):
     spans = exporter.get_finished_spans()
     assert names(exporter) == ["test_coverage.rms"] * 3  # the real calls, never the fake one
     assert all(s.attributes[K + "input.arg0.device"] == "cpu" for s in spans)
+    # A call on meta tensors runs the fake implementation: not a kernel call.
+    assert op(torch.empty(2, 4, device="meta"), 1e-6).device.type == "meta"
+    assert len(exporter.get_finished_spans()) == 3
 
 
 def test_an_extern_function_without_annotations_takes_a_schema(record):
