@@ -233,56 +233,66 @@ def _well_formed_end(record: tuple) -> bool:
     )
 
 
-def _assemble(records: list[tuple]) -> tuple[list[RecoveredSpan], int, int]:
-    """Pairs start and end records by span id. An end whose start was
-    overwritten (the oldest edge of the ring) cannot be shown and is counted."""
-    threads: dict[int, str] = {}
-    symbols: dict[int, Any] = {}
-    starts: dict[int, tuple] = {}
-    ends: dict[int, tuple] = {}
-    last_time = 0
-    for record in records:
-        kind = record[0]
-        if kind == fmt.THREAD:
-            threads[record[1]] = str(record[2])
-        elif kind == fmt.SYMBOL:
-            symbols[record[1]] = record[2]
-        elif kind == fmt.TABLE:
-            symbols.update(record[1])
-            threads.update((ident, str(name)) for ident, name in record[2].items())
-        elif kind == _SPAN_START:
-            starts[record[2]] = record
-            last_time = max(last_time, record[6])
-        elif kind == fmt.END:
-            ends[record[2]] = record
-            last_time = max(last_time, record[3])
-        elif kind == _COMPACT_END:  # (kind, span id, end time, status)
-            ends[record[1]] = record
-            last_time = max(last_time, record[2])
-    orphans = sum(1 for span_id in ends if span_id not in starts)
-    spans = [_span(start, ends.get(span_id), threads, symbols) for span_id, start in starts.items()]
-    spans.extend(_blackbox_calls(records, threads, symbols))
-    spans.sort(key=lambda span: span.start_time)
-    return spans, max([last_time] + [s.end_time or s.start_time for s in spans]), orphans
+class Assembler:
+    """Pairs start and end records (in sequence order) into spans, one record
+    at a time: the reader feeds it a whole file, `follow` a live one. Names
+    are resolved when a span is made, so that a TABLE written after a wrap
+    resolves the starts it follows."""
 
+    def __init__(self) -> None:
+        self.threads: dict[int, str] = {}
+        self.symbols: dict[int, Any] = {}
+        self.starts: dict[int, tuple] = {}  # span id -> start record, while open
+        self.calls: dict[int, tuple] = {}  # black-box call number -> KERNEL_START record, while open
+        self.failures: dict[int, tuple] = {}
+        self.last_time = 0
+        self.orphans = 0  # ends whose start the ring had overwritten
 
-def _blackbox_calls(records: list[tuple], threads: dict[int, str], symbols: dict[int, Any]) -> list[RecoveredSpan]:
-    starts: dict[int, tuple] = {}
-    ends: dict[int, tuple] = {}
-    failures: dict[int, tuple] = {}
-    for record in records:
+    def add(self, record: tuple) -> "tuple | None":
+        """Takes one record; returns (start, end) when it ends a span or call."""
         kind = record[0]
-        if kind == _KERNEL_START:
-            starts[record[2]] = record
+        if kind == _SPAN_START:
+            self.starts[record[2]] = record
+            self.last_time = max(self.last_time, record[6])
+        elif kind in (fmt.END, _COMPACT_END):
+            span_id, end_time = (record[2], record[3]) if kind == fmt.END else (record[1], record[2])
+            self.last_time = max(self.last_time, end_time)
+            start = self.starts.pop(span_id, None)
+            if start is not None:
+                return start, record
+            self.orphans += 1
+        elif kind == _KERNEL_START:
+            self.calls[record[2]] = record
+            self.last_time = max(self.last_time, record[3])
         elif kind == _KERNEL_END:
-            ends[record[1]] = record
+            self.last_time = max(self.last_time, record[2])
+            start = self.calls.pop(record[1], None)
+            if start is not None:
+                return start, record
         elif kind == fmt.FAILURE:
-            failures[record[1]] = record
-    calls = []
-    for seq, (_, site, _, start_time, thread, trace_high, trace_low, parent_id) in starts.items():
-        name = _name(symbols, site)
-        end = ends.get(seq)
-        failure = failures.get(seq)
+            self.failures[record[1]] = record
+        elif kind == fmt.THREAD:
+            self.threads[record[1]] = str(record[2])
+        elif kind == fmt.SYMBOL:
+            self.symbols[record[1]] = record[2]
+        elif kind == fmt.TABLE:
+            self.symbols.update(record[1])
+            self.threads.update((ident, str(name)) for ident, name in record[2].items())
+        return None
+
+    def span(self, start: tuple, end: "tuple | None") -> RecoveredSpan:
+        """The span of a start record and its end (None: still in flight)."""
+        if start[0] == _KERNEL_START:
+            return self._call(start, end)
+        return _span(start, end, self.threads, self.symbols)
+
+    def in_flight(self) -> list[RecoveredSpan]:
+        """The spans and calls started and not ended."""
+        return [self.span(start, None) for start in (*self.starts.values(), *self.calls.values())]
+
+    def _call(self, start: tuple, end: "tuple | None") -> RecoveredSpan:
+        _, site, seq, start_time, thread, trace_high, trace_low, parent_id = start
+        name = _name(self.symbols, site)
         attributes = {NAME: name, SEQ: seq, BLACKBOX: True}
         events: list = []
         if end is None:
@@ -291,17 +301,27 @@ def _blackbox_calls(records: list[tuple], threads: dict[int, str], symbols: dict
         else:
             end_time, status = end[2], STATUS_NAMES.get(end[3], "UNSET")
             description = ""
+            failure = self.failures.pop(seq, None)
             if failure is not None:
                 description = f"{failure[2]}: {failure[3]}"
                 events.append(("exception", end_time, {"exception.type": failure[2], "exception.message": failure[3]}))
-        calls.append(RecoveredSpan(
+        return RecoveredSpan(
             name=name, trace_id=(trace_high << 64) | trace_low, span_id=_BLACKBOX_SPAN_TAG | (seq & ((1 << 48) - 1)),
             parent_span_id=parent_id, parent_is_remote=False, kind=0, start_time=start_time, end_time=end_time,
             status_code=status, status_description=description, attributes=attributes, events=events, links=[],
-            thread_id=thread, thread_name=threads.get(thread), scope_name="sglang_otel_kernels", scope_version="",
-            trace_flags=1, in_flight=end is None,
-        ))
-    return calls
+            thread_id=thread, thread_name=self.threads.get(thread), scope_name="sglang_otel_kernels",
+            scope_version="", trace_flags=1, in_flight=end is None,
+        )
+
+
+def _assemble(records: list[tuple]) -> tuple[list[RecoveredSpan], int, int]:
+    """All spans of a file, ended and in flight, in start order; the newest
+    time; the ends whose start was overwritten (the oldest edge of the ring)."""
+    assembler = Assembler()
+    pairs = [pair for pair in map(assembler.add, records) if pair is not None]
+    spans = [assembler.span(start, end) for start, end in pairs] + assembler.in_flight()
+    spans.sort(key=lambda span: span.start_time)
+    return spans, max([assembler.last_time] + [s.end_time or s.start_time for s in spans]), assembler.orphans
 
 
 def _name(symbols: dict[int, Any], number: int) -> str:
