@@ -14,6 +14,8 @@ read their settings at import:
   full        ours, text log + span + trace file + OTLP batch export to a
               local gRPC receiver
   no-text     ours, SGLANG_KERNEL_API_LOGDEST=off: span + trace file + OTLP
+  *-sidecar   full and no-text with SGLANG_KERNEL_API_EXPORT_SIDECAR=1: the
+              OTLP export done by a process following the trace file
 
 on small tensors as a decode step has (4x4096 and 4096 float32) at levels
 1, 3 and 5, plus a bare call and a bare OpenTelemetry span; and at level 5 on
@@ -54,7 +56,7 @@ if mode == "sglang":
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     fn = module.debug_kernel_api(kernel)
-elif mode in ("text-only", "full", "no-text"):
+elif mode.startswith(("text-only", "full", "no-text")):
     import sglang_otel_kernels as sok
     fn = sok.debug_kernel_api(kernel)
 elif mode == "span":
@@ -87,10 +89,12 @@ def environment(mode: str, level: int, workdir: str, logger: str, endpoint: str)
                SGLANG_KERNEL_API_TRACEFILE=os.path.join(workdir, "trace_%i.sgltrace"))
     if mode == "text-only":
         env.update(OTEL_SDK_DISABLED="true", SGLANG_KERNEL_API_TRACEFILE="off")
-    if mode in ("full", "no-text"):
+    if mode.startswith(("full", "no-text")):
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_INSECURE="true")
-    if mode == "no-text":
+    if mode.startswith("no-text"):
         env["SGLANG_KERNEL_API_LOGDEST"] = "off"
+    if mode.endswith("-sidecar"):
+        env["SGLANG_KERNEL_API_EXPORT_SIDECAR"] = "1"
     return env
 
 
@@ -121,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         bare, span = measure("bare", 0), measure("span", 0)
         rows = {}
         for level in (1, 3, 5):
-            rows[level] = {mode: measure(mode, level) for mode in ("sglang", "text-only", "full", "no-text")}
+            rows[level] = {mode: measure(mode, level)
+                           for mode in ("sglang", "text-only", "full", "full-sidecar", "no-text", "no-text-sidecar")}
         large = {
             "sglang L5": measure("sglang", 5, "large"),
             "text-only L5": measure("text-only", 5, "large"),
@@ -140,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     for level, measured in rows.items():
         for mode, value in measured.items():
             ratio = value / measured["sglang"]
-            target = targets.get((mode, level))
+            target = targets.get((mode.removesuffix("-sidecar"), level))
             verdict = "" if target is None else ("yes" if ratio <= target else "NO")
             print(f"{level:5d} {mode:12s} {value:9.2f} {ratio:9.3f}x {'' if target is None else f'<={target}':>7s} "
                   f"{verdict:>4s}")

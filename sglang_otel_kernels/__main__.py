@@ -126,6 +126,32 @@ def _run(options) -> int:
     return 0  # not reached
 
 
+def _follow(options) -> int:
+    from .recover.follow import follow, parent_watch
+    from .recover.reader import TraceFileError
+    from .recover.replay import make_exporter
+
+    if options.interval <= 0 or options.timeout <= 0:
+        raise _Failure("--interval and --timeout must be more than 0")
+    try:
+        exporter, target = make_exporter(options.endpoint, options.protocol, options.timeout)
+    except ValueError as exc:
+        raise _Failure(str(exc)) from None
+    try:
+        sent, in_flight, dropped = follow(options.file, exporter, alive=parent_watch(options.pid),
+                                          interval=options.interval)
+    except TraceFileError as exc:
+        raise _Failure(str(exc)) from None
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        exporter.shutdown()
+    if options.pid is None or in_flight or dropped:
+        print(f"sglang-otel-kernels: followed {options.file}: {sent} spans sent to {target} "
+              f"({in_flight} in flight when the process ended, {dropped} dropped)", file=sys.stderr)
+    return 0
+
+
 def _demo(options) -> int:
     from .demo import run
 
@@ -194,6 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
     rerun.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance for outputs (default 1e-8)")
     rerun.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
     rerun.set_defaults(handler=_rerun)
+    follow = commands.add_parser(
+        "follow", help="export the spans of a live trace file to an OTLP back end as they end (the export sidecar)"
+    )
+    follow.add_argument("file", help="a trace file being written")
+    follow.add_argument("--pid", type=int, help="stop when this process ends, after exporting its in-flight calls")
+    follow.add_argument("--endpoint", help="OTLP endpoint URL (default: OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT)")
+    follow.add_argument("--protocol", choices=("grpc", "http/protobuf"),
+                        help="default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc")
+    follow.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the back end (default 10)")
+    follow.add_argument("--interval", type=float, default=0.2, help="seconds between polls of the file (default 0.2)")
+    follow.set_defaults(handler=_follow)
     run = commands.add_parser(
         "run", help="run a command with SGLang's kernel logging (and SGLANG_KERNEL_API_INSTRUMENT) recorded by "
                     "this package in all its Python processes",

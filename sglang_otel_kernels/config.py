@@ -51,6 +51,9 @@ class KernelTraceConfig:
         exclude pattern.
     dump_max_bytes / dump_max_count: once this process's dumps reach either,
         dumping stops (one warning; each span says why it has no dump).
+    export_sidecar: OTLP export by a separate process that follows the trace
+        file (`sglang-otel-kernels follow`), started with it, instead of by an
+        exporter in this process. Applies to the provider this package creates.
     """
 
     level: int = 0
@@ -67,6 +70,7 @@ class KernelTraceConfig:
     dump_exclude: tuple = ()
     dump_max_bytes: int = DEFAULT_DUMP_MAX_BYTES
     dump_max_count: int = DEFAULT_DUMP_MAX_COUNT
+    export_sidecar: bool = False
 
 
 def parse_level(raw: str) -> int:
@@ -161,6 +165,7 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         dump_exclude=parse_patterns(environ.get("SGLANG_KERNEL_API_DUMP_EXCLUDE", "")),
         dump_max_bytes=_from_env(environ, "SGLANG_KERNEL_API_DUMP_MAX_BYTES", parse_bytes, DEFAULT_DUMP_MAX_BYTES),
         dump_max_count=_from_env(environ, "SGLANG_KERNEL_API_DUMP_MAX_COUNT", parse_count, DEFAULT_DUMP_MAX_COUNT),
+        export_sidecar=_from_env(environ, "SGLANG_KERNEL_API_EXPORT_SIDECAR", parse_flag, False),
     )
 
 
@@ -202,6 +207,7 @@ def configure(
     dump_exclude: "tuple[str, ...] | list[str] | None" = None,
     dump_max_bytes: int | None = None,
     dump_max_count: int | None = None,
+    export_sidecar: bool | None = None,
 ) -> KernelTraceConfig:
     """Change the settings in code; arguments left out keep their value
     (`tracer_provider=None` goes back to the global provider).
@@ -251,6 +257,8 @@ def configure(
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
                 raise ValueError(f"{name} must be an int >= 0; got {limit!r}")
             changes[name] = limit
+    if export_sidecar is not None:
+        changes["export_sidecar"] = bool(export_sidecar)
     _config = dataclasses.replace(_config, **changes)
     # The decorator's runtime follows the settings (and sets tracing up at
     # once); it is loaded on first use because it needs torch, which reading

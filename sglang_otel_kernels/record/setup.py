@@ -9,8 +9,10 @@ request spans land in the same place.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 import socket
+import subprocess
 import sys
 import weakref
 
@@ -65,7 +67,8 @@ def own_provider() -> SDKTracerProvider:
     an endpoint is set, samples by OTEL_TRACES_SAMPLER on its own."""
     provider = SDKTracerProvider(resource=default_resource(), sampler=ALWAYS_ON)
     _own_providers.add(provider)
-    if export.otlp_endpoint() is not None:
+    # In sidecar mode the process that follows the trace file exports instead.
+    if export.otlp_endpoint() is not None and not _config.get_config().export_sidecar:
         try:
             provider.add_span_processor(export.ExportProcessor(export.otlp_exporter()))
         except Exception as exc:
@@ -111,8 +114,36 @@ def make_writer(cfg: "_config.KernelTraceConfig") -> "tracefile.TraceFileWriter 
         capacity=cfg.trace_file_size,
         fsync=cfg.trace_file_fsync,
         metadata=metadata,
-        on_open=_enable_faulthandler if cfg.faulthandler else None,
+        on_open=functools.partial(_on_open, cfg.faulthandler, cfg.export_sidecar),
     )
+
+
+def _on_open(faulthandler_wanted: bool, sidecar_wanted: bool, trace_path: str) -> None:
+    if faulthandler_wanted:
+        _enable_faulthandler(trace_path)
+    if sidecar_wanted:
+        _start_sidecar(trace_path)
+
+
+def _start_sidecar(trace_path: str) -> None:
+    """`sglang-otel-kernels follow` for this file and process, in its own
+    session (a Ctrl-C for the application must not stop it before it has
+    exported what the application left); it exits after this process does."""
+    if export.otlp_endpoint() is None:
+        warn("SGLANG_KERNEL_API_EXPORT_SIDECAR is set but no OTLP endpoint is: nothing to export to")
+        return
+    if not any(provider is trace.get_tracer_provider() for provider in _own_providers):
+        warn("sidecar export applies to the TracerProvider this package creates; the application's own "
+             "provider exports in this process")
+        return
+    try:
+        subprocess.Popen(
+            [sys.executable, "-m", "sglang_otel_kernels", "follow", trace_path, "--pid", str(os.getpid())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+        )
+    except OSError as exc:
+        warn(f"cannot start the export sidecar ({exc}); spans stay in the trace file "
+             "(sglang-otel-kernels replay sends them later)")
 
 
 def traceback_path(trace_path: str) -> str:

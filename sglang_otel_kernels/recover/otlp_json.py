@@ -74,18 +74,19 @@ def span_json(span: RecoveredSpan, last_time: int) -> dict:
     return out
 
 
-def resource_attributes(contents: TraceFileContents) -> dict:
-    resource = contents.metadata.get("resource")
+def resource_attributes(metadata: dict) -> dict:
+    """The resource of the process that wrote a file, from its header's metadata."""
+    resource = metadata.get("resource")
     attributes = dict(resource) if isinstance(resource, dict) else {"service.name": "unknown_service"}
-    if "pid" in contents.metadata:
-        attributes.setdefault("process.pid", contents.metadata["pid"])
+    if "pid" in metadata:
+        attributes.setdefault("process.pid", metadata["pid"])
     return attributes
 
 
 def requests(contents: TraceFileContents, spans: Iterable[RecoveredSpan] | None = None, batch: int = 512) -> Iterator[dict]:
     """`ExportTraceServiceRequest` dicts of at most `batch` spans each."""
     spans = list(contents.spans if spans is None else spans)
-    resource = {"attributes": key_values(resource_attributes(contents))}
+    resource = {"attributes": key_values(resource_attributes(contents.metadata))}
     for first in range(0, len(spans), batch):
         scopes: dict[tuple[str, str], list[dict]] = {}
         for span in spans[first : first + batch]:

@@ -95,7 +95,8 @@ def read_trace_file(path: str | os.PathLike) -> TraceFileContents:
         raise TraceFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def _parse(path: str, data) -> TraceFileContents:
+def read_header(path: str, data) -> tuple[dict, int, int, list[str]]:
+    """(metadata, first ring byte, end of the ring, problems) of a mapped trace file."""
     problems: list[str] = []
     if len(data) < fmt.HEADER_PREFIX.size or bytes(data[:8]) != fmt.MAGIC:
         if bytes(data[:8]) == fmt.MAGIC[: min(8, len(data))]:
@@ -111,7 +112,13 @@ def _parse(path: str, data) -> TraceFileContents:
     if len(data) < ring_end:
         problems.append(f"file truncated: {max(len(data) - header_size, 0)} of {capacity} record bytes present")
         ring_end = len(data)
-    records, skipped = _scan(data, header_size, ring_end)
+    return metadata, header_size, ring_end, problems
+
+
+def _parse(path: str, data) -> TraceFileContents:
+    metadata, base, ring_end, problems = read_header(path, data)
+    entries, skipped = scan(data, base, ring_end)
+    records = [record for _, _, record in entries]
     if skipped:
         problems.append(f"{skipped} record(s) torn by a crash or partly overwritten were skipped")
     spans, last_time, orphans = _assemble(records)
@@ -132,33 +139,45 @@ def _metadata(data, meta_len: int, problems: list[str]) -> dict:
     return {}
 
 
-def _scan(data, base: int, end: int) -> tuple[list[tuple], int]:
-    records: list[tuple[int, tuple]] = []
+def record_at(data, position: int, end: int) -> "tuple[int, tuple, int] | None":
+    """(sequence, record, position after it) of a whole, valid record at
+    `position`, else None (no record, torn, or not one this reader knows)."""
+    header = fmt.RECORD_HEADER
+    if position + header.size > end:
+        return None
+    magic, length, sequence, crc, encoding = header.unpack_from(data, position)
+    payload_start = position + header.size
+    if magic != fmt.RECORD_MAGIC or not length or payload_start + length > end:
+        return None
+    record = _decode(data[payload_start : payload_start + length], crc, encoding)
+    if record is None:
+        return None
+    size = header.size + length
+    return sequence, record, position + size + (-size) % fmt.ALIGN
+
+
+def scan(data, base: int, end: int) -> tuple[list[tuple[int, int, tuple]], int]:
+    """Every valid record in the ring as (sequence, position after it, record),
+    oldest first, and how many torn or partly overwritten ones were skipped."""
+    entries: list[tuple[int, int, tuple]] = []
     skipped = 0
     position = base
-    header = fmt.RECORD_HEADER
     while True:
         found = data.find(_RECORD_MAGIC_BYTES, position, end)
-        if found < 0:
+        if found < 0 or found + fmt.RECORD_HEADER.size > end:
             break
         if (found - base) % fmt.ALIGN:
             position = found + 1
             continue
-        if found + header.size > end:
-            break
-        _, length, sequence, crc, encoding = header.unpack_from(data, found)
-        payload_start = found + header.size
-        payload = data[payload_start : payload_start + length] if payload_start + length <= end else b""
-        record = _decode(payload, crc, encoding) if len(payload) == length and length else None
-        if record is None:
+        got = record_at(data, found, end)
+        if got is None:
             skipped += 1
             position = found + fmt.ALIGN
             continue
-        records.append((sequence, record))
-        size = header.size + length
-        position = found + size + (-size) % fmt.ALIGN
-    records.sort(key=lambda item: item[0])
-    return [record for _, record in records], skipped
+        sequence, record, position = got
+        entries.append((sequence, position, record))
+    entries.sort(key=lambda entry: entry[0])
+    return entries, skipped
 
 
 def _decode(payload: bytes, crc: int, encoding: int):

@@ -77,7 +77,7 @@ def replay(
     work = []
     in_flight = 0
     for content in contents:
-        resource = Resource(resource_attributes(content))
+        resource = Resource(resource_attributes(content.metadata))
         work.extend(readable(span, resource, content.last_time) for span in content.spans)
         in_flight += sum(span.in_flight for span in content.spans)
     sent = 0

@@ -1,0 +1,158 @@
+"""Following a live trace file and exporting its spans as they end
+(`sglang-otel-kernels follow FILE`): OTLP export done by another process. In
+sidecar mode (SGLANG_KERNEL_API_EXPORT_SIDECAR=1) the application starts one
+per trace file, so encoding and sending spans costs the application nothing,
+and when the application dies the sidecar exports the calls that were in
+flight at once, marked as such.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from typing import Callable
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from ..notices import warn
+from .otlp_json import resource_attributes
+from .reader import Assembler, read_header, record_at, scan
+from .replay import BATCH, readable
+
+# Polls with nothing new before the whole ring is scanned again, in case the
+# writer lapped the follower (wrote over what it had not read yet).
+_RESCAN_AFTER = 25
+# Spans kept for a back end that does not take them, then the oldest are dropped.
+_MAX_PENDING = 50_000
+
+
+class RingFollower:
+    """The records a live writer appends to a trace file, in sequence order,
+    each once. A record half-written when polled is read on a later poll."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "rb") as handle:
+            self._data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self.metadata, self._base, self._end, _ = read_header(path, self._data)
+        self._offset: int | None = None
+        self._expected = 0  # the sequence number of the next record
+        self._idle = 0
+        self.lost = 0  # records the writer overwrote before they were read
+
+    def close(self) -> None:
+        self._data.close()
+
+    def poll(self) -> list[tuple]:
+        if self._offset is None:
+            return self._resync()
+        records: list[tuple] = []
+        while True:
+            got = record_at(self._data, self._offset, self._end)
+            if got is None or got[0] != self._expected:
+                # The writer may have wrapped: the next record is then at the ring's start.
+                first = record_at(self._data, self._base, self._end)
+                if first is not None and first[0] == self._expected and self._offset != self._base:
+                    self._offset = self._base
+                    continue
+                if (got is not None and got[0] > self._expected) or (first is not None and first[0] > self._expected):
+                    records.extend(self._resync())
+                break
+            sequence, record, self._offset = got
+            self._expected = sequence + 1
+            records.append(record)
+        self._idle = 0 if records else self._idle + 1
+        if self._idle >= _RESCAN_AFTER:
+            self._idle = 0
+            records.extend(self._resync())
+        return records
+
+    def _resync(self) -> list[tuple]:
+        """From a scan of the whole ring: the records not read yet."""
+        entries, _ = scan(self._data, self._base, self._end)
+        fresh = [(sequence, after, record) for sequence, after, record in entries if sequence >= self._expected]
+        if not fresh:
+            return []
+        if self._offset is not None and fresh[0][0] > self._expected:
+            self.lost += fresh[0][0] - self._expected
+        self._expected = fresh[-1][0] + 1
+        self._offset = fresh[-1][1]
+        return [record for _, _, record in fresh]
+
+
+def parent_watch(pid: int | None) -> Callable[[], bool]:
+    """Whether the process that writes the file still runs. A process that
+    ended but was not reaped yet (a zombie) counts as ended."""
+    if pid is None:
+        return lambda: True
+    started_by_it = pid == os.getppid()
+
+    def alive() -> bool:
+        if started_by_it and os.getppid() != pid:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True  # no /proc: the signal test is all there is
+        return state not in (b"Z", b"X")
+
+    return alive
+
+
+def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lambda: True,
+           interval: float = 0.2, wait_s: float = 60.0) -> tuple[int, int, int]:
+    """Exports the spans of the file at `path` as they end until `alive()`
+    turns false, then those still in flight (status ERROR, in flight), and
+    returns (spans sent, of which in flight, spans dropped)."""
+    deadline = time.monotonic() + wait_s
+    while not os.path.exists(path):  # the writer creates it on its first record
+        if not alive() or time.monotonic() > deadline:
+            return 0, 0, 0
+        time.sleep(interval)
+    follower = RingFollower(path)
+    resource = Resource(resource_attributes(follower.metadata))
+    assembler = Assembler()
+    pending: list = []
+    sent = dropped = 0
+    failed_once = False
+    try:
+        while True:
+            running = alive()  # asked before the poll, so that the last poll sees the last records
+            for record in follower.poll():
+                pair = assembler.add(record)
+                if pair is not None:
+                    pending.append(readable(assembler.span(*pair), resource, assembler.last_time))
+            in_flight = []
+            if not running:
+                in_flight = [readable(span, resource, assembler.last_time) for span in assembler.in_flight()]
+                pending.extend(in_flight)
+            while pending:
+                batch = pending[:BATCH]
+                if exporter.export(batch) is not SpanExportResult.SUCCESS:
+                    if not failed_once:
+                        warn(f"follow {path}: the back end did not take {len(batch)} spans; retrying")
+                        failed_once = True
+                    break
+                del pending[:BATCH]
+                sent += len(batch)
+            if len(pending) > _MAX_PENDING:
+                dropped += len(pending) - _MAX_PENDING
+                del pending[: len(pending) - _MAX_PENDING]
+            if not running:
+                dropped += len(pending)
+                return sent, len(in_flight), dropped
+            time.sleep(interval)
+    finally:
+        if follower.lost:
+            warn(f"follow {path}: {follower.lost} records were overwritten before they were read "
+                 "(a larger SGLANG_KERNEL_API_TRACEFILE_SIZE keeps more)")
+        follower.close()

@@ -1,0 +1,167 @@
+"""Following a live trace file (`sglang-otel-kernels follow`), and sidecar
+export: the application's spans exported by another process, over a real
+gRPC socket on loopback, including the call in flight when it was killed."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from otlp_receivers import GrpcReceiver
+from sglang_otel_kernels.record import tracefile
+from sglang_otel_kernels.recover.follow import RingFollower
+
+K = "sglang.kernel."
+
+
+@pytest.fixture
+def receiver():
+    server = GrpcReceiver()
+    yield server
+    server.stop()
+
+
+def test_the_follower_reads_every_record_once_in_order_across_wraps(tmp_path):
+    writer = tracefile.TraceFileWriter(str(tmp_path / "t.sgltrace"), capacity=64 * 1024)
+    writer.append((tracefile.THREAD, 1, "first"))  # creates the file
+    follower = RingFollower(writer.path)
+    seen = []
+    number = 0
+    for burst in range(300):  # about 6 laps of the ring
+        for _ in range(burst % 7 + 1):
+            number += 1
+            writer.append((tracefile.FAILURE, number, "E", "x" * 300))
+        seen.extend(r[1] for r in follower.poll() if r[0] == tracefile.FAILURE)
+    assert writer.wraps >= 4
+    assert seen == list(range(1, number + 1))
+    assert follower.lost == 0
+
+
+def test_a_follower_lapped_by_the_writer_counts_what_it_lost_and_goes_on(tmp_path):
+    writer = tracefile.TraceFileWriter(str(tmp_path / "t.sgltrace"), capacity=64 * 1024)
+    writer.append((tracefile.FAILURE, 0, "E", ""))
+    follower = RingFollower(writer.path)
+    assert [r[1] for r in follower.poll()] == [0]
+    for number in range(1, 1001):  # 1000 x ~330 bytes: five times the ring, unread
+        writer.append((tracefile.FAILURE, number, "E", "x" * 300))
+    caught_up = [r[1] for r in follower.poll() if r[0] == tracefile.FAILURE]
+    assert caught_up == list(range(caught_up[0], 1001)) and caught_up[0] > 1  # the newest, contiguous
+    assert follower.lost >= caught_up[0] - 1
+    writer.append((tracefile.FAILURE, 1001, "E", ""))
+    assert [r[1] for r in follower.poll()] == [1001]
+
+
+def test_a_half_written_record_is_read_once_it_is_whole(tmp_path):
+    writer = tracefile.TraceFileWriter(str(tmp_path / "t.sgltrace"), capacity=64 * 1024)
+    writer.append((tracefile.FAILURE, 1, "E", ""))
+    follower = RingFollower(writer.path)
+    follower.poll()
+    offset = writer._offset
+    writer.append((tracefile.FAILURE, 2, "E", "y" * 100))
+    whole = bytes(writer._view[tracefile.HEADER_SIZE + offset : tracefile.HEADER_SIZE + writer._offset])
+    # As a reader sees it in the middle of the copy: the header there, the payload not yet.
+    writer._view[tracefile.HEADER_SIZE + offset + 40 : tracefile.HEADER_SIZE + writer._offset] = \
+        bytes(len(whole) - 40)
+    assert follower.poll() == []
+    writer._view[tracefile.HEADER_SIZE + offset : tracefile.HEADER_SIZE + writer._offset] = whole
+    assert [r[1] for r in follower.poll()] == [2]
+
+
+APP = """
+import os, signal, sys, torch
+from opentelemetry import trace
+import sglang_otel_kernels as sok
+
+sok.configure()  # tracing set up now, so that the request span below is recorded too
+
+@sok.debug_kernel_api(op_name="sglang.custom_op.step")
+def step(x, i):
+    if i == DIE_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x + 1
+
+tracer = trace.get_tracer("app")
+with tracer.start_as_current_span("request"):
+    for i in range(CALLS):
+        step(torch.ones(2), i)
+processors = trace.get_tracer_provider()._active_span_processor._span_processors
+print("done", [type(p).__name__ for p in processors], flush=True)
+"""
+
+
+def run_app(tmp_path, receiver, calls: int, die_at: int) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="1",
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
+               OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_SERVICE_NAME="sidecar-test")
+    script = APP.replace("DIE_AT", str(die_at)).replace("CALLS", str(calls))
+    return subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_sidecar_exports_the_spans_and_the_call_that_was_running_when_the_process_was_killed(tmp_path, receiver):
+    proc = run_app(tmp_path, receiver, calls=30, die_at=20)
+    assert proc.returncode == -9, proc.stderr
+    spans = receiver.wait_for(lambda got: len(got) >= 22, timeout=30)
+    time.sleep(0.5)  # nothing more, and nothing twice
+    spans = receiver.spans
+    kernels = [s for s in spans if s["name"] == "sglang.custom_op.step"]
+    assert sorted(s["attributes"][K + "input.arg1"] for s in kernels) == list(range(21))
+    [dying] = [s for s in kernels if s["attributes"][K + "input.arg1"] == 20]
+    assert dying["attributes"][K + "in_flight"] is True and dying["status"] == 2
+    assert dying["attributes"][K + "input.arg0.shape"] == (2,)
+    [request] = [s for s in spans if s["name"] == "request"]
+    assert request["attributes"][K + "in_flight"] is True
+    assert all(k["trace_id"] == request["trace_id"] and k["parent_span_id"] == request["span_id"] for k in kernels)
+    assert all(s["resource"]["service.name"] == "sidecar-test" for s in spans)
+    assert len(spans) == 22
+
+
+def test_sidecar_exports_a_normal_run_once_and_exits_after_it(tmp_path, receiver):
+    proc = run_app(tmp_path, receiver, calls=50, die_at=-1)
+    # The only processor in the application writes the trace file: no exporter there.
+    assert proc.returncode == 0 and proc.stdout.strip() == "done ['TraceFileProcessor']", proc.stderr
+    spans = receiver.wait_for(lambda got: len(got) >= 51, timeout=30)
+    time.sleep(0.5)
+    assert len(receiver.spans) == 51
+    assert not any(K + "in_flight" in s["attributes"] for s in receiver.spans)
+    # The sidecar is gone once it has sent everything.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _followers(tmp_path):
+        time.sleep(0.1)
+    assert _followers(tmp_path) == []
+
+
+def _followers(tmp_path) -> list:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if " follow " in line and str(tmp_path) in line]
+
+
+def test_follow_command_for_a_process_already_gone(tmp_path, receiver):
+    writer = tracefile.TraceFileWriter(str(tmp_path / "t.sgltrace"), capacity=64 * 1024)
+    writer.append((tracefile.THREAD, 1, "main"))
+    writer.write_record(tracefile.ENCODING_KERNEL_START,
+                        tracefile.KERNEL_START.pack(writer.symbol("k"), 1, 1_000, 1, 0, 0, 0))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "follow", writer.path, "--pid", str(gone.pid),
+                           "--endpoint", receiver.endpoint], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    [span] = receiver.wait_for(lambda got: len(got) == 1)
+    assert span["name"] == "k" and span["attributes"][K + "in_flight"] is True
+    assert "1 spans sent" in proc.stderr and "1 in flight" in proc.stderr
+
+
+def test_follow_command_errors(tmp_path):
+    from sglang_otel_kernels.__main__ import main
+
+    (tmp_path / "junk").write_bytes(b"not a trace file at all")
+    env_before = os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    try:
+        assert main(["follow", str(tmp_path / "junk"), "--pid", "1"]) == 2
+    finally:
+        if env_before is not None:
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = env_before
+    assert main(["follow", str(tmp_path / "junk"), "--endpoint", "http://127.0.0.1:9", "--pid", "1"]) == 2
