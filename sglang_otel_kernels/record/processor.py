@@ -109,8 +109,11 @@ class TraceFileProcessor(SpanProcessor):
             if len(attributes) <= _SMALL and len(unchanged) < _MAX_OPEN:
                 unchanged[span_id] = attributes.copy()
             flags = context.trace_flags & 1
-            if parent is not None and parent.is_remote:
-                flags |= tracefile.FLAG_REMOTE_PARENT
+            if parent is not None:
+                if parent.is_remote:
+                    flags |= tracefile.FLAG_REMOTE_PARENT
+                if parent.trace_flags & 1:
+                    flags |= tracefile.FLAG_PARENT_SAMPLED
             links = _items(span._links)
             if links:
                 flags |= tracefile.FLAG_LINKS

@@ -70,6 +70,7 @@ SPAN_START = struct.Struct("<QQQQqQIIBB")
 FLAG_SAMPLED = 1
 FLAG_REMOTE_PARENT = 2
 FLAG_LINKS = 4  # the marshal data is (attributes, links), not attributes alone
+FLAG_PARENT_SAMPLED = 8  # the parent's sampled flag, for a parent-based export sampler
 # Black box: a kernel call recorded without a span. Kernel name symbol, call number,
 # start time, thread, then the trace id (high, low) and span id of the span
 # current around the call (zeros when none).

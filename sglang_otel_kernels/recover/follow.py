@@ -17,6 +17,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..notices import warn
+from ..record.export import ExportSampler
 from .otlp_json import resource_attributes
 from .reader import Assembler, read_header, record_at, scan
 from .replay import BATCH, readable
@@ -112,7 +113,9 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lam
            interval: float = 0.2, wait_s: float = 60.0) -> tuple[int, int, int]:
     """Exports the spans of the file at `path` as they end until `alive()`
     turns false, then those still in flight (status ERROR, in flight), and
-    returns (spans sent, of which in flight, spans dropped)."""
+    returns (spans sent, of which in flight, spans dropped). OTEL_TRACES_SAMPLER
+    chooses the spans that ended, as it does in the application; calls in
+    flight when the process ended are the crash and always go."""
     deadline = time.monotonic() + wait_s
     while not os.path.exists(path):  # the writer creates it on its first record
         if not alive() or time.monotonic() > deadline:
@@ -121,6 +124,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lam
     follower = RingFollower(path)
     resource = Resource(resource_attributes(follower.metadata))
     assembler = Assembler()
+    sampler = ExportSampler()
     pending: list = []
     sent = dropped = 0
     failed_once = False
@@ -130,7 +134,9 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lam
             for record in follower.poll():
                 pair = assembler.add(record)
                 if pair is not None:
-                    pending.append(readable(assembler.span(*pair), resource, assembler.last_time))
+                    span = readable(assembler.span(*pair), resource, assembler.last_time)
+                    if sampler.keep(span):
+                        pending.append(span)
             in_flight = []
             if not running:
                 in_flight = [readable(span, resource, assembler.last_time) for span in assembler.in_flight()]

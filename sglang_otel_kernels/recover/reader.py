@@ -58,6 +58,7 @@ class RecoveredSpan:
     scope_version: str
     trace_flags: int
     in_flight: bool
+    parent_sampled: bool = True  # the parent's sampled flag (for parent-based export sampling)
 
 
 @dataclasses.dataclass
@@ -224,7 +225,8 @@ def _unmarshal(payload):
 
 def _span_start(payload: bytes):
     """(_SPAN_START, trace id, span id, parent id, name symbol, kind, start,
-    thread, scope symbol, attributes, links, sampled flag, remote parent)."""
+    thread, scope symbol, attributes, links, sampled flag, remote parent,
+    parent sampled)."""
     fixed = fmt.SPAN_START
     if len(payload) < fixed.size:
         return None
@@ -239,7 +241,7 @@ def _span_start(payload: bytes):
     if not isinstance(data, dict):
         return None
     return (_SPAN_START, (high << 64) | low, span_id, parent_id, name, kind, start, thread, scope, data, links,
-            flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT))
+            flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED))
 
 
 def _well_formed_end(record: tuple) -> bool:
@@ -351,7 +353,7 @@ def _name(symbols: dict[int, Any], number: int) -> str:
 
 def _span(start: tuple, end: tuple | None, threads: dict[int, str], symbols: dict[int, Any]) -> RecoveredSpan:
     (_, trace_id, span_id, parent_id, name, kind, start_time, thread, scope_number,
-     attributes, links, flags, parent_remote) = start
+     attributes, links, flags, parent_remote, parent_sampled) = start
     name = _name(symbols, name)
     scope = symbols.get(scope_number)
     if not (isinstance(scope, tuple) and len(scope) == 2):
@@ -388,4 +390,5 @@ def _span(start: tuple, end: tuple | None, threads: dict[int, str], symbols: dic
         scope_version=scope_version,
         trace_flags=flags,
         in_flight=end is None,
+        parent_sampled=parent_sampled,
     )

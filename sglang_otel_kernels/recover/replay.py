@@ -26,7 +26,8 @@ BATCH = 512
 def readable(span: RecoveredSpan, resource: Resource, last_time: int) -> ReadableSpan:
     parent = None
     if span.parent_span_id:
-        parent = SpanContext(span.trace_id, span.parent_span_id, is_remote=span.parent_is_remote)
+        parent = SpanContext(span.trace_id, span.parent_span_id, is_remote=span.parent_is_remote,
+                             trace_flags=TraceFlags(1 if span.parent_sampled else 0))
     return ReadableSpan(
         name=span.name,
         context=SpanContext(span.trace_id, span.span_id, is_remote=False, trace_flags=TraceFlags(span.trace_flags)),
