@@ -91,11 +91,11 @@ print("done", [type(p).__name__ for p in processors], flush=True)
 """
 
 
-def run_app(tmp_path, receiver, calls: int, die_at: int) -> subprocess.CompletedProcess:
+def run_app(tmp_path, receiver, calls: int, die_at: int, **extra_env: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="1",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
-               OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_SERVICE_NAME="sidecar-test")
+               OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_SERVICE_NAME="sidecar-test", **extra_env)
     script = APP.replace("DIE_AT", str(die_at)).replace("CALLS", str(calls))
     return subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
@@ -132,6 +132,18 @@ def test_sidecar_exports_a_normal_run_once_and_exits_after_it(tmp_path, receiver
     while time.monotonic() < deadline and _followers(tmp_path):
         time.sleep(0.1)
     assert _followers(tmp_path) == []
+
+
+def test_sidecar_samples_as_otel_traces_sampler_says_and_always_sends_the_crash(tmp_path, receiver):
+    proc = run_app(tmp_path, receiver, calls=10, die_at=5, OTEL_TRACES_SAMPLER="always_off")
+    assert proc.returncode == -9, proc.stderr
+    spans = receiver.wait_for(lambda got: len(got) >= 2, timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _followers(tmp_path):
+        time.sleep(0.1)
+    # Only the calls in flight: the kernel and the request around it; no ended call.
+    assert sorted(s["name"] for s in receiver.spans) == ["request", "sglang.custom_op.step"]
+    assert all(s["attributes"][K + "in_flight"] is True for s in spans)
 
 
 def _followers(tmp_path) -> list:
