@@ -95,7 +95,8 @@ def run_app(tmp_path, receiver, calls: int, die_at: int, **extra_env: str) -> su
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="1",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
-               OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_SERVICE_NAME="sidecar-test", **extra_env)
+               OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_SERVICE_NAME="sidecar-test")
+    env.update(extra_env)
     script = APP.replace("DIE_AT", str(die_at)).replace("CALLS", str(calls))
     return subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
@@ -144,6 +145,18 @@ def test_sidecar_samples_as_otel_traces_sampler_says_and_always_sends_the_crash(
     # Only the calls in flight: the kernel and the request around it; no ended call.
     assert sorted(s["name"] for s in receiver.spans) == ["request", "sglang.custom_op.step"]
     assert all(s["attributes"][K + "in_flight"] is True for s in spans)
+
+
+def test_black_box_calls_reach_the_back_end_as_spans_built_by_the_sidecar(tmp_path, receiver):
+    proc = run_app(tmp_path, receiver, calls=12, die_at=-1, SGLANG_KERNEL_API_BLACKBOX="1",
+                   SGLANG_KERNEL_API_LOGLEVEL="1")
+    assert proc.returncode == 0, proc.stderr
+    spans = receiver.wait_for(lambda got: len(got) >= 13, timeout=30)
+    [request] = [s for s in spans if s["name"] == "request"]
+    calls = [s for s in spans if s["name"] == "sglang.custom_op.step"]
+    assert sorted(s["attributes"][K + "seq"] for s in calls) == list(range(1, 13))
+    assert all(s["attributes"][K + "blackbox"] is True for s in calls)
+    assert all(s["trace_id"] == request["trace_id"] and s["parent_span_id"] == request["span_id"] for s in calls)
 
 
 def _followers(tmp_path) -> list:
