@@ -268,6 +268,8 @@ def test_bad_import_paths_are_clear_errors(record, module_dir, capsys):
         with pytest.raises(ValueError, match="import path"):
             sok.instrument(bad)
     importlib.import_module(name)
+    with pytest.raises(ValueError, match="is not a function or method"):
+        sok.instrument(f"{name}:Layer")
     with pytest.raises(ValueError, match="no attribute 'missing'"):
         sok.instrument(f"{name}:kernel", f"{name}:missing")
     assert not hasattr(sys.modules[name].kernel, "__wrapped__")  # the good one was undone too

@@ -159,6 +159,20 @@ def test_black_box_calls_reach_the_back_end_as_spans_built_by_the_sidecar(tmp_pa
     assert all(s["trace_id"] == request["trace_id"] and s["parent_span_id"] == request["span_id"] for s in calls)
 
 
+def test_sidecar_mode_without_a_trace_file_exports_in_process(tmp_path, receiver):
+    proc = run_app(tmp_path, receiver, calls=5, die_at=-1, SGLANG_KERNEL_API_TRACEFILE="off")
+    assert proc.returncode == 0, proc.stderr
+    assert "needs the trace file, which is off: exporting in this process" in proc.stderr
+    receiver.wait_for(lambda got: len(got) == 6)
+
+
+def test_sidecar_mode_with_an_unwritable_trace_file_says_nothing_is_exported(tmp_path, receiver):
+    proc = run_app(tmp_path, receiver, calls=5, die_at=-1, SGLANG_KERNEL_API_TRACEFILE="/proc/no/such/dir/t.sgltrace")
+    assert proc.returncode == 0, proc.stderr
+    assert "cannot create the trace file" in proc.stderr
+    assert "without a trace file there is no sidecar, so spans are not exported" in proc.stderr
+
+
 def _followers(tmp_path) -> list:
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if " follow " in line and str(tmp_path) in line]

@@ -37,8 +37,8 @@ def _recorded(value: Any, op_name: str | None) -> Any:
     if isinstance(value, (staticmethod, classmethod)):
         inner = value.__func__
         return type(value)(debug_kernel_api(inner, op_name=op_name or infer_api_name(inner)))
-    if not callable(value):
-        raise ValueError(f"{value!r} is not callable")
+    if isinstance(value, type) or not callable(value):
+        raise ValueError(f"{value!r} is not a function or method (name one, e.g. 'module:Class.method')")
     return debug_kernel_api(value, op_name=op_name or infer_api_name(value))
 
 

@@ -67,13 +67,23 @@ def own_provider() -> SDKTracerProvider:
     an endpoint is set, samples by OTEL_TRACES_SAMPLER on its own."""
     provider = SDKTracerProvider(resource=default_resource(), sampler=ALWAYS_ON)
     _own_providers.add(provider)
-    # In sidecar mode the process that follows the trace file exports instead.
-    if export.otlp_endpoint() is not None and not _config.get_config().export_sidecar:
+    if export.otlp_endpoint() is not None and not _sidecar_exports(_config.get_config()):
         try:
             provider.add_span_processor(export.ExportProcessor(export.otlp_exporter()))
         except Exception as exc:
             warn(f"OTLP export not set up ({type(exc).__name__}: {exc})")
     return provider
+
+
+def _sidecar_exports(cfg: "_config.KernelTraceConfig") -> bool:
+    """In sidecar mode the process following the trace file exports instead
+    of an exporter here; it needs the trace file."""
+    if not cfg.export_sidecar:
+        return False
+    if cfg.trace_file == _config.OFF:
+        warn("SGLANG_KERNEL_API_EXPORT_SIDECAR needs the trace file, which is off: exporting in this process")
+        return False
+    return True
 
 
 def attach_trace_file(provider) -> None:
@@ -115,6 +125,7 @@ def make_writer(cfg: "_config.KernelTraceConfig") -> "tracefile.TraceFileWriter 
         fsync=cfg.trace_file_fsync,
         metadata=metadata,
         on_open=functools.partial(_on_open, cfg.faulthandler, cfg.export_sidecar),
+        on_failure=_no_sidecar if cfg.export_sidecar else None,
     )
 
 
@@ -123,6 +134,11 @@ def _on_open(faulthandler_wanted: bool, sidecar_wanted: bool, trace_path: str) -
         _enable_faulthandler(trace_path)
     if sidecar_wanted:
         _start_sidecar(trace_path)
+
+
+def _no_sidecar() -> None:
+    warn("SGLANG_KERNEL_API_EXPORT_SIDECAR: without a trace file there is no sidecar, so spans are not "
+         "exported; make SGLANG_KERNEL_API_TRACEFILE writable, or turn sidecar export off")
 
 
 def _start_sidecar(trace_path: str) -> None:

@@ -117,12 +117,14 @@ class TraceFileWriter:
         fsync: bool = False,
         metadata: dict | None = None,
         on_open: "Callable[[str], None] | None" = None,
+        on_failure: "Callable[[], None] | None" = None,
     ) -> None:
         self.template = template
         self.capacity = capacity - capacity % ALIGN
         self.fsync = fsync
         self.metadata = dict(metadata or {})
         self.on_open = on_open
+        self.on_failure = on_failure
         self.path: str | None = None
         self.failed = False
         self.dropped = 0
@@ -166,6 +168,8 @@ class TraceFileWriter:
                 f"cannot create the trace file {path!r} ({exc}); kernel calls go on without it "
                 "(set SGLANG_KERNEL_API_TRACEFILE to a writable path, or 'off')"
             )
+            if self.on_failure is not None:
+                self.on_failure()
             return False
         self._view = memoryview(self._map)
         self.path = path
