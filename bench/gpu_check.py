@@ -10,7 +10,9 @@ where the CUDA parts say that they were skipped.
 3. CUDA graph capture of decorated calls at level 5: no error, statistics
    skipped with a reason, graph replay gives the right result;
 4. an out-of-bounds index (device-side assert) in a child process, with and
-   without CUDA_LAUNCH_BLOCKING=1: what the trace file holds after it.
+   without CUDA_LAUNCH_BLOCKING=1: what the trace file holds after it;
+5. level 10: a dumped CUDA call re-run on the device by `rerun`, and no dump
+   (the span says why) for a call made during graph capture.
 """
 
 from __future__ import annotations
@@ -164,6 +166,47 @@ def device_assert(directory: str) -> None:
               f"last three {calls[-3:]}; stderr ends: {last_error[:160]}")
 
 
+def level10(directory: str) -> None:
+    print("5. level 10 on CUDA: a dump outside capture (re-run on the device), none during capture")
+    if not CUDA:
+        print("   skipped: no CUDA device")
+        return
+    import sglang_otel_kernels as sok
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from sglang_otel_kernels.recover.rerun import rerun
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    dumps = os.path.join(directory, "dumps")
+    sok.configure(level=10, log_dest="off", trace_file="off", tracer_provider=provider, dump_dir=dumps)
+    mul = sok.debug_kernel_api(op_name="sglang.custom_op.mul10")(torch.mul)  # importable: rerun finds it
+    mul(torch.ones(1024, device="cuda"), 2.0)
+    [dumped] = os.listdir(dumps)
+    report = rerun(os.path.join(dumps, dumped))
+    print(f"   dumped {dumped}; rerun: {report['verdict']}; notes {report['notes']}")
+    static_in = torch.ones(1024, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        mul(static_in, 2.0)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            mul(static_in, 2.0)
+    except Exception as exc:
+        print(f"   FAILED: capture raised {type(exc).__name__}: {exc}")
+        return
+    graph.replay()
+    torch.cuda.synchronize()
+    captured = exporter.get_finished_spans()[-1]
+    print(f"   capture ok; dumps now {len(os.listdir(dumps))} (2 expected: none during capture); "
+          f"span says {captured.attributes.get('sglang.kernel.dump_skipped')!r}")
+
+
 def main() -> int:
     print(f"torch {torch.__version__}, CUDA {'available: ' + torch.cuda.get_device_name() if CUDA else 'not available'}")
     directory = tempfile.mkdtemp(prefix="sok-gpu-check-")
@@ -171,6 +214,7 @@ def main() -> int:
     bandwidth()
     graph_capture()
     device_assert(directory)
+    level10(directory)
     return 0
 
 
