@@ -188,6 +188,16 @@ def test_an_unwritable_dump_directory_warns_once_and_calls_go_on(dumping, tmp_pa
     assert capsys.readouterr().err.count("dump failed") == 1
 
 
+def test_a_meta_tensor_argument_is_described_and_the_rest_dumped(dumping, tmp_path):
+    kernels, _ = dumping()
+    kernels["nested"]([torch.ones(2), torch.empty(3, device="meta")], {"weight": 1.0, "dtype": torch.float32})
+    [directory] = dump_dirs(tmp_path)
+    meta = metadata(directory)
+    assert meta["input_tensor_keys"] == ["arg_0_0"]
+    assert meta["input_metadata"]["arg_0_1"] == {"type": "Tensor", "repr": "meta tensor shape=(3,) dtype=torch.float32"}
+    assert meta["execution_status"] == "completed"
+
+
 def test_no_dump_while_compiling(dumping, tmp_path):
     kernels, _ = dumping()
     scale = kernels["scale"]

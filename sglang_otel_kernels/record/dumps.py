@@ -72,6 +72,9 @@ def collect(prefix: str, value: Any, tensors: dict, metadata: dict, devices: dic
     """Flattens one argument as SGLang does: tensors into `tensors` under their
     path, containers as `<path>__container`, other values as JSON."""
     if isinstance(value, torch.Tensor):
+        if value.is_meta:  # no data to save: what it looked like, in the metadata
+            metadata[prefix] = {"type": "Tensor", "repr": f"meta tensor shape={tuple(value.shape)} dtype={value.dtype}"}
+            return
         tensors[prefix] = value.detach().cpu()
         devices[prefix] = str(value.device)
         return
