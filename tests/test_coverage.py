@@ -311,6 +311,33 @@ def test_run_launcher_instruments_a_program_that_never_imports_this_package(tmp_
     assert [s.name for s in sok.read_trace(trace_file)] == ["envmod.kernel"]
 
 
+def test_run_launcher_reaches_processes_the_program_spawns(tmp_path):
+    (tmp_path / "envmod.py").write_text(MODULE_SOURCE)
+    (tmp_path / "app.py").write_text(textwrap.dedent("""
+        import multiprocessing as mp
+
+        def worker():
+            import torch, envmod
+            envmod.kernel(torch.ones(1))
+
+        if __name__ == "__main__":
+            child = mp.get_context("spawn").Process(target=worker)  # as SGLang starts its schedulers
+            child.start()
+            child.join()
+            print(child.pid, child.exitcode)
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update(PYTHONPATH=str(tmp_path), SGLANG_KERNEL_API_LOGDEST="off",
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t_%i.sgltrace"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_otel_kernels", "run", "--level", "1", "--instrument", "envmod:kernel", "--",
+         sys.executable, "app.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    pid, exitcode = proc.stdout.split()
+    assert exitcode == "0"
+    assert [s.name for s in sok.read_trace(tmp_path / f"t_{pid}.sgltrace")] == ["envmod.kernel"]
+
+
 def test_run_launcher_errors(tmp_path, capsys):
     from sglang_otel_kernels.__main__ import main
 
