@@ -98,11 +98,8 @@ def bandwidth() -> None:
           f"statistics {stats_us:.0f} us ({gigabytes / stats_us * 1e6:.0f} GB/s read); stats = {info.stats}")
 
 
-def graph_capture() -> None:
-    print("3. CUDA graph capture at level 5")
-    if not CUDA:
-        print("   skipped: no CUDA device")
-        return
+def recorded(**settings):
+    """Spans into memory at the given settings; returns the exporter."""
     import sglang_otel_kernels as sok
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -111,27 +108,48 @@ def graph_capture() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    sok.configure(level=5, log_dest="off", trace_file="off", tracer_provider=provider)
-    kernel = sok.debug_kernel_api(op_name="sglang.custom_op.scale")(lambda x: x * 2)
-    static_in = torch.ones(1024, device="cuda")
+    sok.configure(log_dest="off", trace_file="off", tracer_provider=provider, **settings)
+    return exporter
+
+
+def capture(fn, *args):
+    """Warms fn up on a side stream, then captures one call in a CUDA graph;
+    returns (graph, its output), or prints why the capture failed and returns None."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        kernel(static_in)  # warm-up outside capture
+        fn(*args)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
-            static_out = kernel(static_in)
+            output = fn(*args)
     except Exception as exc:
         print(f"   FAILED: capture raised {type(exc).__name__}: {exc}")
+        return None
+    return graph, output
+
+
+def graph_capture() -> None:
+    print("3. CUDA graph capture at level 5")
+    if not CUDA:
+        print("   skipped: no CUDA device")
         return
+    import sglang_otel_kernels as sok
+
+    exporter = recorded(level=5)
+    kernel = sok.debug_kernel_api(op_name="sglang.custom_op.scale")(lambda x: x * 2)
+    static_in = torch.ones(1024, device="cuda")
+    captured = capture(kernel, static_in)
+    if captured is None:
+        return
+    graph, static_out = captured
     static_in.fill_(3.0)
     graph.replay()
     torch.cuda.synchronize()
-    captured = exporter.get_finished_spans()[-1]
+    span = exporter.get_finished_spans()[-1]
     print(f"   capture ok; replay result {'ok' if bool((static_out == 6).all()) else 'WRONG'}; "
-          f"statistics during capture: {captured.attributes.get('sglang.kernel.input.arg0.stats')!r}")
+          f"statistics during capture: {span.attributes.get('sglang.kernel.input.arg0.stats')!r}")
 
 
 CHILD_ASSERT = r"""
@@ -172,39 +190,23 @@ def level10(directory: str) -> None:
         print("   skipped: no CUDA device")
         return
     import sglang_otel_kernels as sok
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from sglang_otel_kernels.recover.rerun import rerun
 
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
     dumps = os.path.join(directory, "dumps")
-    sok.configure(level=10, log_dest="off", trace_file="off", tracer_provider=provider, dump_dir=dumps)
+    exporter = recorded(level=10, dump_dir=dumps)
     mul = sok.debug_kernel_api(op_name="sglang.custom_op.mul10")(torch.mul)  # importable: rerun finds it
     mul(torch.ones(1024, device="cuda"), 2.0)
     [dumped] = os.listdir(dumps)
     report = rerun(os.path.join(dumps, dumped))
     print(f"   dumped {dumped}; rerun: {report['verdict']}; notes {report['notes']}")
-    static_in = torch.ones(1024, device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        mul(static_in, 2.0)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            mul(static_in, 2.0)
-    except Exception as exc:
-        print(f"   FAILED: capture raised {type(exc).__name__}: {exc}")
+    captured = capture(mul, torch.ones(1024, device="cuda"), 2.0)
+    if captured is None:
         return
-    graph.replay()
+    captured[0].replay()
     torch.cuda.synchronize()
-    captured = exporter.get_finished_spans()[-1]
+    span = exporter.get_finished_spans()[-1]
     print(f"   capture ok; dumps now {len(os.listdir(dumps))} (2 expected: none during capture); "
-          f"span says {captured.attributes.get('sglang.kernel.dump_skipped')!r}")
+          f"span says {span.attributes.get('sglang.kernel.dump_skipped')!r}")
 
 
 def main() -> int:

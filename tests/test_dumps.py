@@ -282,6 +282,16 @@ def test_rerun_of_a_call_that_killed_its_process_runs_it_again(tmp_path):
     assert "verdict:   reproduced a failure: raised IndexError" in rerun.stdout
 
 
+def test_rerun_finds_a_torch_builtin(record, tmp_path, capsys):
+    record(level=10)
+    sok.configure(dump_dir=str(tmp_path / "dumps"))
+    sok.debug_kernel_api(op_name="mul")(torch.mul)(torch.arange(4.0), 2.0)
+    [directory] = dump_dirs(tmp_path)
+    assert metadata(directory)["function"] == "torch:mul"  # not torch:_VariableFunctionsClass.mul
+    assert cli(["rerun", str(directory)]) == 0
+    assert "verdict:   reproduced: the outputs match" in capsys.readouterr().out
+
+
 def test_rerun_gives_clear_errors(dumping, tmp_path, capsys):
     kernels, _ = dumping()
     kernels["scale"](torch.ones(2), 1.0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -47,9 +48,15 @@ def import_path(func: Any) -> str | None:
         namespace, name = qualified.split("::", 1)
         return f"torch.ops.{namespace}:{name}"
     module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qualname, str):
-        return f"{module}:{qualname}"
-    return None
+    if not (isinstance(module, str) and isinstance(qualname, str)):
+        return None
+    # A builtin's qualname may not lead back to it (torch.mul's is
+    # `_VariableFunctionsClass.mul`); its plain name on the module may.
+    name = getattr(func, "__name__", None)
+    owner = sys.modules.get(module)
+    if owner is not None and isinstance(name, str) and getattr(owner, name, None) is func:
+        return f"{module}:{name}"
+    return f"{module}:{qualname}"
 
 
 def json_value(value: Any) -> Any:
