@@ -22,16 +22,17 @@ from .otlp_json import resource_attributes
 from .reader import Assembler, read_header, record_at, scan
 from .replay import BATCH, readable
 
-# Polls with nothing new before the whole ring is scanned again, in case the
-# writer lapped the follower (wrote over what it had not read yet).
-_RESCAN_AFTER = 25
 # Spans kept for a back end that does not take them, then the oldest are dropped.
 _MAX_PENDING = 50_000
 
 
 class RingFollower:
     """The records a live writer appends to a trace file, in sequence order,
-    each once. A record half-written when polled is read on a later poll."""
+    each once. A record half-written when polled is read on a later poll. A
+    poll reads two record headers when there is nothing new: the one where the
+    next record goes, and the ring's first, which tells whether the writer
+    wrapped (the next record is there) or lapped the follower (a newer one is:
+    the whole ring is scanned again and what was lost is counted)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -40,7 +41,6 @@ class RingFollower:
         self.metadata, self._base, self._end, _ = read_header(path, self._data)
         self._offset: int | None = None
         self._expected = 0  # the sequence number of the next record
-        self._idle = 0
         self.lost = 0  # records the writer overwrote before they were read
 
     def close(self) -> None:
@@ -64,10 +64,6 @@ class RingFollower:
             sequence, record, self._offset = got
             self._expected = sequence + 1
             records.append(record)
-        self._idle = 0 if records else self._idle + 1
-        if self._idle >= _RESCAN_AFTER:
-            self._idle = 0
-            records.extend(self._resync())
         return records
 
     def _resync(self) -> list[tuple]:
