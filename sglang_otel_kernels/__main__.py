@@ -139,7 +139,7 @@ def _follow(options) -> int:
         raise _Failure(str(exc)) from None
     try:
         sent, in_flight, dropped = follow(options.file, exporter, alive=parent_watch(options.pid),
-                                          interval=options.interval)
+                                          interval=options.interval, wait_s=options.wait)
     except TraceFileError as exc:
         raise _Failure(str(exc)) from None
     except KeyboardInterrupt:
@@ -230,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc")
     follow.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the back end (default 10)")
     follow.add_argument("--interval", type=float, default=0.2, help="seconds between polls of the file (default 0.2)")
+    follow.add_argument("--wait", type=float, default=60.0,
+                        help="seconds to wait for the file to appear (default 60)")
     follow.set_defaults(handler=_follow)
     run = commands.add_parser(
         "run", help="run a command with SGLang's kernel logging (and SGLANG_KERNEL_API_INSTRUMENT) recorded by "

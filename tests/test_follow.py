@@ -204,3 +204,4 @@ def test_follow_command_errors(tmp_path):
         if env_before is not None:
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = env_before
     assert main(["follow", str(tmp_path / "junk"), "--endpoint", "http://127.0.0.1:9", "--pid", "1"]) == 2
+    assert main(["follow", str(tmp_path / "never"), "--endpoint", "http://127.0.0.1:9", "--wait", "0.3"]) == 2

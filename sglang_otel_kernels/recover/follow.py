@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from ..notices import warn
 from ..record.export import ExportSampler
 from .otlp_json import resource_attributes
-from .reader import Assembler, read_header, record_at, scan
+from .reader import Assembler, TraceFileError, read_header, record_at, scan
 from .replay import BATCH, readable
 
 # Spans kept for a back end that does not take them, then the oldest are dropped.
@@ -114,8 +114,10 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lam
     flight when the process ended are the crash and always go."""
     deadline = time.monotonic() + wait_s
     while not os.path.exists(path):  # the writer creates it on its first record
-        if not alive() or time.monotonic() > deadline:
-            return 0, 0, 0
+        if not alive():
+            return 0, 0, 0  # it ended without writing one
+        if time.monotonic() > deadline:
+            raise TraceFileError(f"{path}: no such file (waited {wait_s:g} s for it)")
         time.sleep(interval)
     follower = RingFollower(path)
     resource = Resource(resource_attributes(follower.metadata))
