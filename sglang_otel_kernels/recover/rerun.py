@@ -82,7 +82,8 @@ def _top_level(keys: set, marker: str) -> list:
 def load_call(directory: str) -> tuple[dict, list, dict, dict]:
     """(metadata, positional arguments, keyword arguments, saved output tensors)."""
     if not os.path.isdir(directory):
-        raise DumpError(f"{directory}: no such dump directory")
+        raise DumpError(f"{directory}: not a directory (a dump is one call's directory)" if os.path.exists(directory)
+                        else f"{directory}: no such dump directory")
     try:
         metadata = _dumps.read_metadata(directory)
     except FileNotFoundError:
