@@ -90,6 +90,16 @@ def test_capacity_bounds_the_file_and_keeps_the_newest(traced, tmp_path):
         ("k", "sglang_otel_kernels", threading.current_thread().name)}
 
 
+def test_a_record_after_close_never_creates_the_file_again(tmp_path):
+    writer = fmt.TraceFileWriter(str(tmp_path / "t.sgltrace"), capacity=64 * 1024)
+    writer.append((fmt.THREAD, 1, "main"))
+    writer.close()
+    os.unlink(tmp_path / "t.sgltrace")
+    writer.append((fmt.THREAD, 2, "late"))  # a span ending after its file was replaced
+    writer.append_end(1, 2, 0)
+    assert not (tmp_path / "t.sgltrace").exists()
+
+
 def test_torn_and_damaged_records_are_skipped(traced, tmp_path):
     traced(level=3)
     kernel = sok.debug_kernel_api(op_name="k")(lambda x, i: x)

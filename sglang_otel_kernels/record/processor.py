@@ -136,12 +136,12 @@ class TraceFileProcessor(SpanProcessor):
         try:
             context = span._context
             status = span._status
-            events = span._events
+            events = _items(span._events)  # not `not span._events`: BoundedList's len is Python code
             attributes = _plain(span._attributes)
             if self._unchanged.pop(context.span_id, None) == attributes and not events and not status.description:
                 writer.append_end(context.span_id, span._end_time, status.status_code._value_)
                 return
-            events = tuple((event.name, event.timestamp, dict(event.attributes or {})) for event in _items(events))
+            events = tuple((event.name, event.timestamp, dict(event.attributes or {})) for event in events)
             writer.append(
                 (
                     tracefile.END,

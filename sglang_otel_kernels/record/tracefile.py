@@ -139,6 +139,7 @@ class TraceFileWriter:
         self.symbols: dict = {}
         self.threads: dict = {}
         self._forked_from: int | None = None
+        self._closed = False
         _writers.add(self)
 
     # -- file life cycle -------------------------------------------------
@@ -201,7 +202,11 @@ class TraceFileWriter:
         self.threads = {}
 
     def close(self) -> None:
+        """For good: a record that comes late (a span ending after the file
+        was replaced) is dropped, never a reason to create the file again,
+        which could truncate the file of the writer that replaced this one."""
         with self._lock:
+            self._closed = True
             view, mapped = self._view, self._map
             self._view = self._map = None
         if view is not None:
@@ -270,7 +275,7 @@ class TraceFileWriter:
 
     def _ready(self) -> bool:
         # With the lock held: the file is created on the first record.
-        return self._view is not None or (not self.failed and self._open())
+        return self._view is not None or (not self.failed and not self._closed and self._open())
 
     def _put(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
         # With the lock held. The defaults bind what it needs as locals: it
