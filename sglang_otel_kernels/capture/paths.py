@@ -112,5 +112,9 @@ def instrument_from_env(environ=os.environ) -> Instrumentation | None:
             paths.append(item)
         except ValueError as exc:
             warn(f"{ENV_PATHS}: {exc}; skipped")
-    _from_env = instrument(*paths) if paths else None
-    return _from_env
+    if not paths:
+        return None
+    handle = instrument(*paths)
+    if _config.get_config().level > 0:  # at level 0 nothing was applied: a later call (after configure) applies
+        _from_env = handle
+    return handle
