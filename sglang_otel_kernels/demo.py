@@ -10,6 +10,7 @@ With an OTLP endpoint in the standard variables the same run is exported too.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
@@ -43,8 +44,9 @@ def _post(port: int, tokens: list[int]) -> tuple[str, str]:
             return traceparent, f"{response.status} {response.read().decode()}"
     except urllib.error.HTTPError as error:
         return traceparent, f"{error.code} {error.read().decode()}"
-    except (urllib.error.URLError, ConnectionError) as error:
-        return traceparent, f"no answer: the server died ({getattr(error, 'reason', error)})"
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
+        # Killed mid-answer, the server can also leave a response cut short (IncompleteRead).
+        return traceparent, f"no answer: the server died ({getattr(error, 'reason', None) or error})"
 
 
 def _send_all(port: int) -> None:
