@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from .. import config as _config
+from ..describe.values import safe_repr, safe_str
 from ..notices import warn, warn_once
 
 METADATA = "metadata.json"
@@ -68,11 +69,7 @@ def json_value(value: Any) -> Any:
         return {"type": "torch.dtype", "value": str(value)}
     if isinstance(value, torch.device):
         return {"type": "torch.device", "value": str(value)}
-    try:
-        text = repr(value)[:200]
-    except Exception as exc:
-        text = f"<repr failed: {type(exc).__name__}>"
-    return {"type": type(value).__name__, "repr": text}
+    return {"type": type(value).__name__, "repr": safe_repr(value, 200)}
 
 
 def collect(prefix: str, value: Any, tensors: dict, metadata: dict, devices: dict, seen: set | None = None) -> None:
@@ -146,11 +143,7 @@ class Dumps:
 
     def __init__(self, cfg: _config.KernelTraceConfig) -> None:
         self.settings = (cfg.dump_dir, cfg.dump_include, cfg.dump_exclude, cfg.dump_max_bytes, cfg.dump_max_count)
-        self.template = cfg.dump_dir
-        self.include = cfg.dump_include
-        self.exclude = cfg.dump_exclude
-        self.max_bytes = cfg.dump_max_bytes
-        self.max_count = cfg.dump_max_count
+        self.template, self.include, self.exclude, self.max_bytes, self.max_count = self.settings
         self.count = 0
         self.bytes = 0
         self.stopped: str | None = None  # why dumping stopped, once a limit was reached
@@ -261,12 +254,8 @@ class Dumps:
 
     def save_exception(self, directory: str, exc: BaseException, context: dict) -> None:
         try:
-            try:
-                message = str(exc)
-            except Exception:
-                message = "<str() failed>"
             self._update(directory, execution_status=STATUS_EXCEPTION,
-                         exception={"type": type(exc).__name__, "message": message}, **context)
+                         exception={"type": type(exc).__name__, "message": safe_str(exc)}, **context)
         except Exception as inner:
             warn_once("dump failed", f"marking the exception in {directory} failed ({type(inner).__name__}: {inner})")
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..describe.values import safe_str
 from ..record import dumps as _dumps
 
 
@@ -79,8 +80,10 @@ def _top_level(keys: set, marker: str) -> list:
     return [p for p in paths if not any(p != c and p.startswith(c + "_") for c in containers)]
 
 
-def load_call(directory: str) -> tuple[dict, list, dict, dict]:
-    """(metadata, positional arguments, keyword arguments, saved output tensors)."""
+def load_call(directory: str, device: str | None = None, notes: list | None = None) -> tuple[dict, list, dict, dict]:
+    """(metadata, positional arguments, keyword arguments, saved output
+    tensors); input tensors on their recorded device or `device` (what could
+    not be placed is said in `notes`)."""
     if not os.path.isdir(directory):
         raise DumpError(f"{directory}: not a directory (a dump is one call's directory)" if os.path.exists(directory)
                         else f"{directory}: no such dump directory")
@@ -92,6 +95,7 @@ def load_call(directory: str) -> tuple[dict, list, dict, dict]:
     except (OSError, ValueError) as exc:
         raise DumpError(f"{directory}: {_dumps.METADATA} cannot be read ({exc})") from None
     tensors = _load_tensors(directory, _dumps.INPUTS, list(metadata.get("input_tensor_keys") or []))
+    tensors = _placed(tensors, metadata.get("input_tensor_devices") or {}, device, [] if notes is None else notes)
     values = metadata.get("input_metadata") or {}
     keys = set(tensors) | set(values)
     count = metadata.get("positional_count")
@@ -108,21 +112,18 @@ def load_call(directory: str) -> tuple[dict, list, dict, dict]:
     return metadata, positional, keyword, outputs
 
 
-def _place(value: Any, devices: dict, prefix: str, override: str | None, notes: list) -> Any:
-    """Tensors go back to the device they were on, when it is here."""
-    if isinstance(value, torch.Tensor):
-        target = override or devices.get(prefix, "cpu")
+def _placed(tensors: dict, devices: dict, override: str | None, notes: list) -> dict:
+    """The input tensors back on the device each was on (or `override`), when
+    it is here; the dump is flat, so no walk of the arguments is needed."""
+    placed = {}
+    for key, tensor in tensors.items():
+        target = override or devices.get(key, "cpu")
         try:
-            return value.to(target)
+            placed[key] = tensor.to(target)
         except (RuntimeError, AssertionError) as exc:
-            notes.append(f"{prefix} stays on the CPU: {target} is not available here ({type(exc).__name__})")
-            return value
-    if isinstance(value, dict):
-        return {k: _place(v, devices, f"{prefix}_{k}", override, notes) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        placed = [_place(v, devices, f"{prefix}_{i}", override, notes) for i, v in enumerate(value)]
-        return placed if isinstance(value, list) else tuple(placed)
-    return value
+            notes.append(f"{key} stays on the CPU: {target} is not available here ({type(exc).__name__})")
+            placed[key] = tensor
+    return placed
 
 
 # -- finding the function -------------------------------------------------------
@@ -205,7 +206,8 @@ def compare_tensor(key: str, now: torch.Tensor, saved: torch.Tensor | None, rtol
 def rerun(directory: str, function: str | None = None, device: str | None = None,
           rtol: float = 1e-5, atol: float = 1e-8) -> dict:
     """Re-runs the call in `directory`; returns the report (see `render`)."""
-    metadata, positional, keyword, saved = load_call(directory)
+    notes: list = []
+    metadata, positional, keyword, saved = load_call(directory, device, notes)
     path = function or metadata.get("function")
     if not path:
         raise DumpError(f"{directory}: the dump does not say where its function is (an SGLang dump?); "
@@ -214,10 +216,6 @@ def rerun(directory: str, function: str | None = None, device: str | None = None
         raise DumpError(f"{metadata.get('function_name')} was called as a method and its object was not saved; "
                         "pass --function a function taking the same arguments")
     target = resolve(path)
-    notes: list = []
-    devices = metadata.get("input_tensor_devices") or {}
-    positional = [_place(v, devices, f"arg_{i}", device, notes) for i, v in enumerate(positional)]
-    keyword = {k: _place(v, devices, f"kwarg_{k}", device, notes) for k, v in keyword.items()}
     status = metadata.get("execution_status")
     recorded = {"status": status, "exception": metadata.get("exception")}
     report: dict = {"dump": os.path.abspath(directory), "name": metadata.get("function_name"), "function": path,
@@ -225,7 +223,7 @@ def rerun(directory: str, function: str | None = None, device: str | None = None
     try:
         result = target(*positional, **keyword)
     except Exception as exc:
-        report["rerun"] = {"status": "exception", "type": type(exc).__name__, "message": str(exc),
+        report["rerun"] = {"status": "exception", "type": type(exc).__name__, "message": safe_str(exc),
                            "traceback": traceback.format_exc()}
         expected = (recorded["exception"] or {}).get("type")
         if status == _dumps.STATUS_EXCEPTION:
