@@ -37,18 +37,44 @@ def _export(options) -> int:
     return 0
 
 
+def _read_all(paths: list[str]) -> list:
+    """The trace files named, a directory standing for every `*.sgltrace`
+    in it (earlier runs' files kept aside included); a file of a directory
+    that cannot be read is skipped with a line on stderr, one named is an error."""
+    import glob
+    import os
+
+    from .recover.reader import TraceFileError, read_trace_file
+
+    contents = []
+    for path in paths:
+        if not os.path.isdir(path):
+            try:
+                contents.append(read_trace_file(path))
+            except TraceFileError as exc:
+                raise _Failure(str(exc)) from None
+            continue
+        found = sorted(glob.glob(os.path.join(glob.escape(path), "*.sgltrace")))
+        if not found:
+            raise _Failure(f"{path}: a directory without trace files (*.sgltrace)")
+        for name in found:
+            try:
+                contents.append(read_trace_file(name))
+            except TraceFileError as exc:
+                print(f"sglang-otel-kernels: skipped {exc}", file=sys.stderr)
+    if not contents:
+        raise _Failure("no readable trace file")
+    return contents
+
+
 def _report(options) -> int:
     import json
 
-    from .recover.reader import TraceFileError, read_trace_file
     from .recover.report import build_report, render_text
 
     if options.last < 0:
         raise _Failure("--last must be 0 or more")
-    try:
-        contents = [read_trace_file(path) for path in options.files]
-    except TraceFileError as exc:
-        raise _Failure(str(exc)) from None
+    contents = _read_all(options.files)
     report = build_report(contents, last=options.last)
     if options.json:
         print(json.dumps(report, indent=2, default=repr))
@@ -58,15 +84,11 @@ def _report(options) -> int:
 
 
 def _replay(options) -> int:
-    from .recover.reader import TraceFileError, read_trace_file
     from .recover.replay import make_exporter, replay, terminal_progress
 
     if options.timeout <= 0:
         raise _Failure("--timeout must be more than 0")
-    try:
-        contents = [read_trace_file(path) for path in options.files]
-    except TraceFileError as exc:
-        raise _Failure(str(exc)) from None
+    contents = _read_all(options.files)
     try:
         exporter, target = make_exporter(options.endpoint, options.protocol, options.timeout)
     except ValueError as exc:
@@ -187,14 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report", help="what the trace files say about a crash: calls in flight, their inputs and requests"
     )
-    report.add_argument("files", nargs="+", metavar="FILE", help="trace files (one per rank merge by time)")
+    report.add_argument("files", nargs="+", metavar="FILE",
+                        help="trace files (one per rank merge by time), or directories of them")
     report.add_argument("--last", type=int, default=10, metavar="N", help="completed calls to list (default 10)")
     report.add_argument("--json", action="store_true", help="print the report as one JSON document")
     report.set_defaults(handler=_report)
     replay = commands.add_parser(
         "replay", help="send the spans of trace files to an OTLP back end, with their original ids"
     )
-    replay.add_argument("files", nargs="+", metavar="FILE", help="trace files")
+    replay.add_argument("files", nargs="+", metavar="FILE", help="trace files, or directories of them")
     replay.add_argument("--endpoint", help="OTLP endpoint URL (default: OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT)")
     replay.add_argument("--protocol", choices=("grpc", "http/protobuf"),
                         help="default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc")
@@ -213,8 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rerun.add_argument("dump_dir", metavar="DUMP_DIR", help="one call's dump directory (sglang.kernel.dump_dir)")
     rerun.add_argument("--function", metavar="MODULE:QUALNAME",
-                       help="the function to call (default: the import path in the metadata); also "
-                            "path/to/file.py:name or torch.ops.<ns>:<op>")
+                       help="the function to call: MODULE:QUALNAME, path/to/file.py:name or "
+                            "torch.ops.<ns>:<op>. Required: the import path a dump records is shown, "
+                            "never run on the dump's word")
     rerun.add_argument("--device", help="put every input tensor here (default: the device each was on, if present)")
     rerun.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance for outputs (default 1e-5)")
     rerun.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance for outputs (default 1e-8)")
@@ -247,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        # A file's text is made valid, but a terminal may take less than UTF-8.
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     options = build_parser().parse_args(argv)
     try:
         return options.handler(options)

@@ -20,7 +20,7 @@ from opentelemetry.propagators.textmap import DefaultGetter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ..record.spans import describe_exception
+from ..record.spans import describe_exception, record_failure
 from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, BATCH_UNTRACED, REQUEST_ID
 from .decorator import kernel_tracer
 
@@ -128,11 +128,9 @@ def forward_batch(
     try:
         yield batch
     except BaseException as exc:
-        status = Status(StatusCode.ERROR, describe_exception(exc))
-        batch.set_status(status)
-        batch.record_exception(exc, escaped=True)
+        record_failure(batch, exc)
         for span in request_spans:
-            span.set_status(status)
+            span.set_status(Status(StatusCode.ERROR, describe_exception(exc)))
         raise
     finally:
         context_api.detach(token)

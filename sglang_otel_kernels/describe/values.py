@@ -14,6 +14,7 @@ from typing import Any, Union
 
 import torch
 
+from ..text import utf8
 from .tensors import TensorInfo, describe_tensor
 
 MAX_DEPTH = 2
@@ -84,14 +85,15 @@ def safe_repr(value: Any, limit: int | None = None) -> str:
             raise TypeError("__repr__ returned a non-string")
     except Exception as exc:
         return f"<{type(value).__name__} object, repr raised {type(exc).__name__}>"
-    return text if limit is None else text[:limit]
+    return utf8(text if limit is None else text[:limit])
 
 
 def safe_str(value: Any) -> str:
+    """str(value) as valid UTF-8; never raises."""
     try:
         text = str(value)
         if isinstance(text, str):
-            return text
+            return utf8(text)
     except Exception:
         pass
     return f"<{type(value).__name__}, str() failed>"

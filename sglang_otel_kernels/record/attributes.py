@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..describe.tensors import TensorInfo
 from ..describe.values import REPR_LIMIT, Elided, Mapping, Opaque, Scalar, Sequence
 from ..schema import PREFIX
+from ..text import utf8
 
 
 _TENSOR_FIELDS = (
@@ -48,8 +49,7 @@ def _tensor_keys(path: str) -> tuple[str, ...]:
 def _text(text: str) -> str:
     """Cut to REPR_LIMIT and made encodable: a lone surrogate would make the
     OTLP exporter fail the whole batch it sits in."""
-    text = text[:REPR_LIMIT]
-    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return utf8(text[:REPR_LIMIT])
 
 
 def _primitive(node: Scalar):

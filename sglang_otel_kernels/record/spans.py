@@ -7,6 +7,8 @@ and is started with every input attribute already set.
 
 from __future__ import annotations
 
+import traceback
+
 from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -14,6 +16,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from .._version import __version__
 from ..describe.values import safe_str
 from ..schema import ATTRIBUTES_DROPPED
+from ..text import utf8
 from .attributes import fit
 from .setup import resolve_provider
 
@@ -39,6 +42,19 @@ def _attribute_limit(tracer) -> int | None:
 def describe_exception(exc: BaseException) -> str:
     message = safe_str(exc)
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def record_failure(span, exc: BaseException) -> None:
+    """Status ERROR and the `exception` event, as the SDK's record_exception
+    writes them but with every text valid UTF-8: one message holding a file
+    name decoded with surrogateescape would make OTLP fail the whole batch."""
+    span.set_status(Status(StatusCode.ERROR, describe_exception(exc)))
+    try:
+        stacktrace = utf8("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    except Exception:
+        stacktrace = ""
+    span.add_event("exception", {"exception.type": type(exc).__name__, "exception.message": safe_str(exc),
+                                 "exception.stacktrace": stacktrace, "exception.escaped": "True"})
 
 
 class SpanRecorder:
@@ -89,10 +105,7 @@ class SpanRecorder:
                 attrs[ATTRIBUTES_DROPPED] = already + dropped
         span.set_attributes(attrs)
 
-    @staticmethod
-    def fail(span, exc: BaseException) -> None:
-        span.set_status(Status(StatusCode.ERROR, describe_exception(exc)))
-        span.record_exception(exc, escaped=True)
+    fail = staticmethod(record_failure)
 
     @staticmethod
     def end(span, token) -> None:
