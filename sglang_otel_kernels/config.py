@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -22,6 +23,8 @@ OFF = "off"
 DEFAULT_TRACE_FILE = "sglang_kernel_trace_%i.sgltrace"
 DEFAULT_TRACE_FILE_SIZE = 16 * 1024 * 1024
 MIN_TRACE_FILE_SIZE = 64 * 1024
+MAX_TRACE_FILE_SIZE = 1 << 40
+MAX_BYTES = 1 << 50
 DEFAULT_DUMP_DIR = "sglang_kernel_api_dumps"
 DEFAULT_DUMP_MAX_BYTES = 20 * 1024**3
 DEFAULT_DUMP_MAX_COUNT = 1000
@@ -83,23 +86,29 @@ def parse_level(raw: str) -> int:
 
 
 def parse_bytes(text: str) -> int:
-    """Bytes: `16777216`, `64K`, `16M`, `1G`, `20GB` (powers of 1024)."""
+    """Bytes: `16777216`, `64K`, `16M`, `1G`, `20GB` (powers of 1024), up to
+    MAX_BYTES; `inf`, NaN and the like are a ValueError like any other typo."""
     value = text.strip().upper().removesuffix("B").removesuffix("I")
     scale = 1
     if value and value[-1] in "KMGT":
         scale = 1024 ** ("KMGT".index(value[-1]) + 1)
         value = value[:-1]
-    size = int(float(value) * scale)
-    if size < 0:
-        raise ValueError("must not be negative")
-    return size
+    number = float(value) * scale
+    if not math.isfinite(number):
+        raise ValueError("not a finite number of bytes")
+    if not 0 <= number <= MAX_BYTES:
+        raise ValueError(f"must be between 0 and {MAX_BYTES} (1 PiB)")
+    return int(number)
 
 
 def parse_size(text: str) -> int:
-    """A trace file's capacity: bytes as `parse_bytes` reads them, at least 64 KiB."""
-    size = parse_bytes(text)
-    if size < MIN_TRACE_FILE_SIZE:
-        raise ValueError(f"at least {MIN_TRACE_FILE_SIZE} bytes")
+    """A trace file's capacity: bytes as `parse_bytes` reads them, 64 KiB to 1 TiB."""
+    return check_size(parse_bytes(text))
+
+
+def check_size(size: int) -> int:
+    if not MIN_TRACE_FILE_SIZE <= size <= MAX_TRACE_FILE_SIZE:
+        raise ValueError(f"between {MIN_TRACE_FILE_SIZE} bytes (64K) and {MAX_TRACE_FILE_SIZE} (1T)")
     return size
 
 
@@ -130,7 +139,7 @@ def _from_env(environ: Mapping[str, str], name: str, parse: Callable[[str], Any]
         return default
     try:
         return parse(raw)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         warn(f"cannot parse {name}={raw!r} ({exc}), using {default!r}")
         return default
 
@@ -234,9 +243,12 @@ def configure(
             raise ValueError(f"trace_file must be a path or 'off'; got {trace_file!r}")
         changes["trace_file"] = trace_file.strip()
     if trace_file_size is not None:
-        if isinstance(trace_file_size, bool) or not isinstance(trace_file_size, int) or trace_file_size < MIN_TRACE_FILE_SIZE:
-            raise ValueError(f"trace_file_size must be an int >= {MIN_TRACE_FILE_SIZE}; got {trace_file_size!r}")
-        changes["trace_file_size"] = trace_file_size
+        if isinstance(trace_file_size, bool) or not isinstance(trace_file_size, int):
+            raise ValueError(f"trace_file_size must be an int; got {trace_file_size!r}")
+        try:
+            changes["trace_file_size"] = check_size(trace_file_size)
+        except ValueError as exc:
+            raise ValueError(f"trace_file_size must be {exc}; got {trace_file_size!r}") from None
     if trace_file_fsync is not None:
         changes["trace_file_fsync"] = bool(trace_file_fsync)
     if faulthandler is not None:

@@ -115,17 +115,20 @@ class TraceFileProcessor(SpanProcessor):
                 if parent.trace_flags & 1:
                     flags |= tracefile.FLAG_PARENT_SAMPLED
             links = _items(span._links)
+            data = attributes
             if links:
                 flags |= tracefile.FLAG_LINKS
-                data = _encode((attributes, tuple(
-                    (link.context.trace_id, link.context.span_id, dict(link.attributes or {})) for link in links)))
-            else:
-                data = _encode(attributes)
+                data = (attributes, tuple(
+                    (link.context.trace_id, link.context.span_id, dict(link.attributes or {})) for link in links))
+            name = writer.symbol(span._name)
+            if not name:  # no room in the name table (a name per request): written inline
+                flags |= tracefile.FLAG_INLINE_NAME
+                data = (span._name, data)
             trace_id = context.trace_id
             writer.write_record(_encoding, _pack(
                 trace_id >> 64, trace_id & _LOW64, span_id, parent.span_id if parent is not None else 0,
-                span._start_time, thread, writer.symbol(span._name), self._scope(writer, span._instrumentation_scope),
-                span._kind._value_, flags) + data)
+                span._start_time, thread, name, self._scope(writer, span._instrumentation_scope),
+                span._kind._value_, flags) + _encode(data))
         except Exception as exc:
             _warn_once(exc)
 

@@ -12,6 +12,7 @@ import faulthandler
 import functools
 import os
 import socket
+import stat
 import subprocess
 import sys
 import weakref
@@ -26,6 +27,7 @@ from .._version import __version__
 from ..notices import warn
 from . import export, processor, tracefile
 
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _attached: "weakref.WeakSet" = weakref.WeakSet()
 _own_providers: "weakref.WeakSet" = weakref.WeakSet()
 _warned_foreign = False
@@ -152,18 +154,18 @@ def _start_sidecar(trace_path: str) -> None:
         warn("sidecar export applies to the TracerProvider this package creates; the application's own "
              "provider exports in this process")
         return
+    # Not `-m sglang_otel_kernels`: that searches the working directory
+    # first, where another `sglang_otel_kernels/` would run instead. The
+    # sidecar imports this very package, from where it was loaded.
+    code = f"import sys; sys.path[0] = {_PACKAGE_ROOT!r}; from sglang_otel_kernels.__main__ import main; sys.exit(main())"
     try:
         subprocess.Popen(
-            [sys.executable, "-m", "sglang_otel_kernels", "follow", trace_path, "--pid", str(os.getpid())],
+            [sys.executable, "-c", code, "follow", trace_path, "--pid", str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
         )
     except OSError as exc:
         warn(f"cannot start the export sidecar ({exc}); spans stay in the trace file "
              "(sglang-otel-kernels replay sends them later)")
-
-
-def traceback_path(trace_path: str) -> str:
-    return trace_path + ".traceback"
 
 
 def _enable_faulthandler(trace_path: str) -> None:
@@ -173,7 +175,15 @@ def _enable_faulthandler(trace_path: str) -> None:
     if faulthandler.is_enabled() and _faulthandler_file is None:
         return
     try:
-        fd = os.open(traceback_path(trace_path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # Never through a link, never a FIFO (that would block); the writer
+        # moved an earlier run's traceback aside with its trace file.
+        fd = os.open(tracefile.traceback_path(trace_path),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"{tracefile.traceback_path(trace_path)} is not a regular file")
+        os.fchmod(fd, 0o600)  # whatever the umask, and for a file that existed
+        os.set_blocking(fd, True)
         new_file = os.fdopen(fd, "w")
         faulthandler.enable(file=new_file, all_threads=True)
     except (OSError, ValueError, RuntimeError) as exc:

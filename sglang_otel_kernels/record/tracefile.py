@@ -12,6 +12,9 @@ Layout (all integers little-endian):
 
     header   (HEADER_SIZE bytes)  b"SOKTRACE", u32 format version, u32 header
                                   size, u64 ring capacity, u32 metadata length,
+                                  u64 ring bytes written (a high-water mark,
+                                  raised before a record goes past it, so a
+                                  reader never scans what was never written),
                                   metadata as JSON (pid, ranks, resource, ...)
     ring     (capacity bytes)     records at 8-byte aligned offsets
 
@@ -22,30 +25,51 @@ Layout (all integers little-endian):
              attributes did not change and that has no events (span id, end
              time, status); 2 and 3: KERNEL_START / KERNEL_END, a kernel call
              of the black box, recorded without a span; 4: SPAN_START, the
-             fixed fields of a starting span then its attributes (and links)
-             as marshal data
+             fixed fields of a starting span then its attributes (and links,
+             and its name when it has no symbol) as marshal data
 
 Span names, instrumentation scopes and black-box kernel names are written once
 as SYMBOL records and referred to by number; thread names once as THREAD
 records. When the ring wraps, a TABLE record holding all of them is written
-first, so every record the ring still holds can be resolved.
+first, so every record the ring still holds can be resolved. The table is
+bounded (count and bytes, relative to the ring): a name that finds it full,
+or is long, is written inline in its span's start record instead, so a
+stream of distinct names (request ids in span names) costs neither memory
+nor a long stall at a wrap. Thread names beyond a bound drop the oldest.
 
 When a record does not fit before the end of the ring, writing continues at
 its start, over the oldest records; a record partly overwritten, or torn by a
 crash in mid-copy, fails its CRC and is skipped by the reader, which orders
-what remains by sequence number. Variable payloads are `marshal` data (the
-fastest encoder of Python's tuples, dicts and big integers in the standard
-library); the reader only decodes payloads whose CRC matches.
+what remains by sequence number (and trusts only the unbroken run of
+sequence numbers ending at the newest record to tell what was in flight).
+Variable payloads are `marshal` data (the fastest encoder of Python's tuples,
+dicts and big integers in the standard library); the reader only decodes
+payloads whose CRC matches, and validates what it decodes.
+
+One file, one live writer: the writer holds an exclusive `flock` on its file
+for as long as it writes (the kernel drops it when the process dies, however
+it dies). A process that finds its path locked writes `<stem>.<pid><ext>`
+instead; one that finds an unlocked trace file there (an earlier run, e.g.
+a restarted container's pid 1) renames it aside first, its `.traceback` with
+it, so no run's evidence is overwritten. Files are created under a temporary
+name, allocated in full and locked before they are linked into place, never
+through a symbolic link, and a path holding anything but a trace file is
+refused.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import marshal
 import mmap
 import os
+import stat
 import struct
+import tempfile
 import threading
+import time
 import weakref
 import zlib
 from typing import Callable
@@ -53,9 +77,13 @@ from typing import Callable
 from ..notices import warn
 
 MAGIC = b"SOKTRACE"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 HEADER_SIZE = 65536
-HEADER_PREFIX = struct.Struct("<8sIIQI")
+# magic, version, header size, capacity, metadata length, ring bytes written
+HEADER_PREFIX = struct.Struct("<8sIIQIQ")
+WRITTEN_OFFSET = HEADER_PREFIX.size - 8
+WRITTEN = struct.Struct("<Q")
+WRITTEN_STEP = 1 << 16  # the high-water mark moves in steps: one header write per 64 KiB of records
 RECORD_MAGIC = 0x524B4F53  # b"SOKR"
 RECORD_HEADER = struct.Struct("<IIQII")
 ENCODING_MARSHAL = 0
@@ -71,6 +99,7 @@ FLAG_SAMPLED = 1
 FLAG_REMOTE_PARENT = 2
 FLAG_LINKS = 4  # the marshal data is (attributes, links), not attributes alone
 FLAG_PARENT_SAMPLED = 8  # the parent's sampled flag, for a parent-based export sampler
+FLAG_INLINE_NAME = 16  # the marshal data is (name, what it would be without this flag)
 # Black box: a kernel call recorded without a span. Kernel name symbol, call number,
 # start time, thread, then the trace id (high, low) and span id of the span
 # current around the call (zeros when none).
@@ -78,6 +107,15 @@ KERNEL_START = struct.Struct("<IQqQQQQ")
 KERNEL_END = struct.Struct("<QqB")  # call number, end time, status code
 ALIGN = 8
 MARSHAL_VERSION = 4
+# The name table: at most this many symbols, holding at most a 16th of the
+# ring in total, each at most SYMBOL_MAX_LENGTH characters; thread names (cut
+# to THREAD_NAME_LENGTH) for at most MAX_THREADS threads, one per KiB of ring.
+MAX_SYMBOLS = 4096
+SYMBOL_MAX_LENGTH = 256
+MAX_THREADS = 1024
+THREAD_NAME_LENGTH = 64
+# A trace file takes at most this share of the free space of its filesystem.
+DISK_SHARE = 2
 
 # Record kinds, the first item of every marshal payload tuple.
 END = "E"
@@ -90,24 +128,37 @@ _writers: "weakref.WeakSet[TraceFileWriter]" = weakref.WeakSet()
 
 
 def resolve_path(template: str, pid: int) -> str:
-    """`%i` becomes the pid; a forked child whose template has no `%i` gets
-    `.<pid>` before the extension, so it never writes into its parent's file."""
+    """The path a process writes: `%i` becomes the pid."""
     if "%i" in template:
         return os.path.abspath(template.replace("%i", str(pid)))
     return os.path.abspath(template)
 
 
-def _child_path(path: str, pid: int) -> str:
+def _child_path(path: str, tag: str) -> str:
     stem, ext = os.path.splitext(path)
-    return f"{stem}.{pid}{ext}"
+    return f"{stem}.{tag}{ext}"
+
+
+def traceback_path(trace_path: str) -> str:
+    """Where faulthandler writes the Python traceback of a fatal signal."""
+    return trace_path + ".traceback"
+
+
+class _Refused(Exception):
+    """The path cannot hold our trace file (the message says why); nothing
+    there was touched."""
+
+
+def _symbol_size(value) -> int:
+    return len(value) if isinstance(value, str) else sum(len(part) for part in value)
 
 
 class TraceFileWriter:
     """Appends records to one process's trace file; thread-safe, never raises.
 
     The file is created on the first record. After `fork`, the child drops the
-    parent's mapping (without touching the parent's file) and creates its own
-    file on its first record.
+    parent's mapping and lock (without touching the parent's file) and creates
+    its own file on its first record.
     """
 
     def __init__(
@@ -129,15 +180,20 @@ class TraceFileWriter:
         self.failed = False
         self.dropped = 0
         self._lock = threading.Lock()
+        self._fd: int | None = None  # open while writing: it holds the file's flock
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None
         self._offset = 0
+        self._written = 0  # the high-water mark published in the header
         self._sequence = 0
         self.wraps = 0
         # Written once each (and again in the TABLE after each wrap); read
         # without the lock on the hot path, added to under it.
         self.symbols: dict = {}
         self.threads: dict = {}
+        self._symbol_bytes = 0
+        self._max_symbol_bytes = self.capacity // 16
+        self.max_threads = max(16, min(MAX_THREADS, self.capacity >> 10))
         self._forked_from: int | None = None
         self._closed = False
         _writers.add(self)
@@ -146,60 +202,132 @@ class TraceFileWriter:
 
     def _open(self) -> bool:
         pid = os.getpid()
-        path = resolve_path(self.template, pid)
-        if self._forked_from is not None and "%i" not in self.template:
-            path = _child_path(path, pid)
-        header = self._header(pid)
+        wanted = resolve_path(self.template, pid)
+        # The path asked for, then (while a live process holds it) this process's own.
+        candidates = [wanted, _child_path(wanted, str(pid))] + [_child_path(wanted, f"{pid}-{n}") for n in (1, 2, 3)]
+        fd = None
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
-            try:
-                os.fchmod(fd, 0o600)  # whatever the umask, and for a file that existed
-                total = HEADER_SIZE + self.capacity
-                if hasattr(os, "posix_fallocate"):
-                    os.posix_fallocate(fd, 0, total)
-                else:
-                    os.ftruncate(fd, total)
-                os.pwrite(fd, header, 0)
-                self._map = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
+            for path in candidates:
+                fd = self._claim(path)
+                if fd is not None:
+                    break
+            else:
+                raise _Refused(f"{wanted} and {len(candidates) - 1} alternatives are in use by other processes")
+            self._map = mmap.mmap(fd, HEADER_SIZE + self.capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError, OverflowError, _Refused) as exc:
+            if fd is not None:
                 os.close(fd)
-        except (OSError, ValueError) as exc:
             self.failed = True
             warn(
-                f"cannot create the trace file {path!r} ({exc}); kernel calls go on without it "
-                "(set SGLANG_KERNEL_API_TRACEFILE to a writable path, or 'off')"
+                f"cannot create the trace file: {exc}; kernel calls go on without it "
+                "(set SGLANG_KERNEL_API_TRACEFILE to a writable path of its own, or 'off')"
             )
             if self.on_failure is not None:
                 self.on_failure()
             return False
+        self._fd = fd
         self._view = memoryview(self._map)
         self.path = path
         self._offset = 0
+        self._written = 0
+        if path != wanted:
+            warn(f"{wanted} is being written by another live process; this process ({pid}) writes {path}")
         if self.on_open is not None:
             self.on_open(path)
         return True
+
+    def _claim(self, path: str) -> "int | None":
+        """A new trace file at `path`, allocated, headed and locked, as an open
+        descriptor; None when a live process writes the trace file there. An
+        earlier run's file there is renamed aside first."""
+        for _ in range(8):  # each turn loses a race with another process at most
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                fd = self._create(path)
+                if fd is not None:
+                    return fd
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+                raise _Refused(f"{path} is {kind}; a trace file is never written through it")
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return None  # a live writer holds it
+                if os.pread(fd, len(MAGIC), 0) != MAGIC:
+                    raise _Refused(f"{path} exists and is not a trace file; it is left as it is")
+                if _same_file(path, os.fstat(fd)):
+                    _rotate(path, os.fstat(fd).st_mtime)
+            finally:
+                os.close(fd)
+        raise _Refused(f"{path} keeps changing under this process")
+
+    def _create(self, path: str) -> "int | None":
+        """Creates the file at `path` whole, or returns None if another process
+        put one there first. A failure removes what it made."""
+        total = HEADER_SIZE + self.capacity
+        directory = os.path.dirname(path)
+        disk = os.statvfs(directory)
+        free = disk.f_bavail * disk.f_frsize
+        if total * DISK_SHARE > free:
+            raise _Refused(f"{path} would take {total >> 20} MiB of the {free >> 20} MiB free on its filesystem "
+                           f"(at most 1/{DISK_SHARE} is used; set a smaller SGLANG_KERNEL_API_TRACEFILE_SIZE)")
+        fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        try:
+            os.set_inheritable(fd, False)
+            os.fchmod(fd, 0o600)  # whatever the umask
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, total)
+            else:
+                os.ftruncate(fd, total)
+            os.pwrite(fd, self._header(os.getpid()), 0)
+            linked = _link_new(temporary, path)
+        except BaseException as exc:
+            os.close(fd)
+            _remove(temporary)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                raise _Refused(f"{path}: {exc.strerror} while allocating {total >> 20} MiB; "
+                               "nothing was left on disk") from None
+            raise
+        _remove(temporary)
+        if not linked:
+            os.close(fd)
+            return None
+        return fd
 
     def _header(self, pid: int) -> bytes:
         metadata = dict(self.metadata, pid=pid, ppid=os.getppid())
         if self._forked_from is not None:
             metadata["forked_from"] = self._forked_from
-        body = json.dumps(metadata, default=str).encode("utf-8")
+        body = json.dumps(metadata, default=str).encode("utf-8", "backslashreplace")
         room = HEADER_SIZE - HEADER_PREFIX.size
         if len(body) > room:
             body = json.dumps({"pid": pid, "metadata_truncated": True}).encode("utf-8")
-        return HEADER_PREFIX.pack(MAGIC, FORMAT_VERSION, HEADER_SIZE, self.capacity, len(body)) + body
+        return HEADER_PREFIX.pack(MAGIC, FORMAT_VERSION, HEADER_SIZE, self.capacity, len(body), 0) + body
 
     def after_fork_in_child(self) -> None:
         # The mapping is shared with the parent: writing through it would
-        # corrupt the parent's file. Forget it; the child opens its own.
+        # corrupt the parent's file. Forget it; the child opens its own. The
+        # descriptor shares the parent's lock: closing this copy keeps it.
         self._view = None
         self._map = None
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
         self._lock = threading.Lock()
         self._forked_from = os.getppid()
         self.path = None
         self._sequence = 0
         self.symbols = {}
         self.threads = {}
+        self._symbol_bytes = 0
 
     def close(self) -> None:
         """For good: a record that comes late (a span ending after the file
@@ -207,8 +335,8 @@ class TraceFileWriter:
         which could truncate the file of the writer that replaced this one."""
         with self._lock:
             self._closed = True
-            view, mapped = self._view, self._map
-            self._view = self._map = None
+            view, mapped, fd = self._view, self._map, self._fd
+            self._view = self._map = self._fd = None
         if view is not None:
             view.release()
         if mapped is not None:
@@ -216,6 +344,8 @@ class TraceFileWriter:
                 mapped.close()
             except (BufferError, ValueError):
                 pass
+        if fd is not None:
+            os.close(fd)
 
     # -- writing ---------------------------------------------------------
 
@@ -231,29 +361,39 @@ class TraceFileWriter:
 
     def symbol(self, value) -> int:
         """The number standing for `value` (a str or a tuple of str) in this
-        file, written as a SYMBOL record the first time; 0 if the file failed."""
+        file, written as a SYMBOL record the first time; 0 when the file
+        failed, or the table has no room for it (the caller writes it inline)."""
         number = self.symbols.get(value)
         if number is None:
+            size = _symbol_size(value)
+            if (size > SYMBOL_MAX_LENGTH or len(self.symbols) >= MAX_SYMBOLS
+                    or self._symbol_bytes + size > self._max_symbol_bytes):
+                return 0
             with self._lock:
                 number = self.symbols.get(value)
                 if number is None and self._ready():
                     number = self.symbols[value] = len(self.symbols) + 1
+                    self._symbol_bytes += size
                     self._put(ENCODING_MARSHAL, encode((SYMBOL, number, value)))
         return number or 0
 
     def note_thread(self, ident: int) -> None:
-        """Writes the calling thread's name, once."""
+        """Writes the calling thread's name, once (while it is among the
+        newest `max_threads` threads seen)."""
         if ident not in self.threads:
-            name = threading.current_thread().name
+            name = threading.current_thread().name[:THREAD_NAME_LENGTH]
             with self._lock:
                 if ident not in self.threads and self._ready():
+                    if len(self.threads) >= self.max_threads:
+                        del self.threads[next(iter(self.threads))]
                     self.threads[ident] = name
                     self._put(ENCODING_MARSHAL, encode((THREAD, ident, name)))
 
     def write_record(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
         """Frames and copies one encoded record into the ring (thread-safe).
         It runs twice per kernel call: the defaults bind what it needs as
-        locals, and a record that fits before the ring's end is copied inline."""
+        locals, and a record that fits before the ring's end, below the
+        published high-water mark, is copied inline."""
         length = len(payload)
         crc = _crc(payload)
         lock = self._lock
@@ -262,7 +402,7 @@ class TraceFileWriter:
             offset = self._offset
             end = offset + ((RECORD_HEADER.size + length + ALIGN - 1) & -ALIGN)
             view = self._view
-            if view is None or end > self.capacity or self.fsync:
+            if view is None or end > self._written or self.fsync:
                 if self._ready():
                     self._put(encoding, payload)
                 return
@@ -278,8 +418,7 @@ class TraceFileWriter:
         return self._view is not None or (not self.failed and not self._closed and self._open())
 
     def _put(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
-        # With the lock held. The defaults bind what it needs as locals: it
-        # runs twice per kernel call.
+        # With the lock held.
         length = len(payload)
         size = RECORD_HEADER.size + length
         padded = (size + ALIGN - 1) & -ALIGN
@@ -293,6 +432,10 @@ class TraceFileWriter:
             # The names the ring still refers to, before anything else in the new lap.
             self._put(ENCODING_MARSHAL, encode((TABLE, {n: v for v, n in self.symbols.items()}, dict(self.threads))))
             offset = self._offset if self._offset + padded <= self.capacity else 0
+        if offset + padded > self._written:
+            # Raised before the record lands, so the header always covers it.
+            self._written = min(self.capacity, (offset + padded + WRITTEN_STEP - 1) // WRITTEN_STEP * WRITTEN_STEP)
+            WRITTEN.pack_into(self._view, WRITTEN_OFFSET, self._written)
         sequence = self._sequence = self._sequence + 1
         start = HEADER_SIZE + offset
         self._view[start : start + size] = _pack(RECORD_MAGIC, length, sequence, _crc(payload), encoding) + payload
@@ -300,6 +443,60 @@ class TraceFileWriter:
         if self.fsync:
             page = start - start % mmap.PAGESIZE
             self._map.flush(page, start + size - page)
+
+
+def _same_file(path: str, info: os.stat_result) -> bool:
+    """Whether `path` still names the file `info` describes (another process
+    may have renamed it aside and created a new one meanwhile)."""
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino)
+
+
+def _link_new(source: str, path: str) -> bool:
+    """Gives the file at `source` the name `path` unless something has that
+    name already (False then): a hard link, which never replaces."""
+    try:
+        os.link(source, path, follow_symlinks=False)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+            raise
+    # A filesystem without hard links: check, then rename (a narrow race).
+    if os.path.lexists(path):
+        return False
+    os.rename(source, path)
+    return True
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _rotate(path: str, mtime: float) -> None:
+    """Renames an earlier run's trace file (and its traceback) aside, to
+    `<stem>.prev-<its last write time><ext>`, never over another file."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(mtime))
+    for n in range(1000):
+        aside = _child_path(path, f"prev-{stamp}" + (f"-{n}" if n else ""))
+        if _link_new(path, aside):
+            break
+    else:
+        raise _Refused(f"{path}: an earlier run's file is there and no free name was found to keep it")
+    if os.path.exists(path):  # a hard link: drop the old name (a rename already did)
+        os.unlink(path)
+    old_traceback = traceback_path(path)
+    if os.path.isfile(old_traceback) and not os.path.islink(old_traceback):
+        if _link_new(old_traceback, traceback_path(aside)):
+            _remove(old_traceback)
+    warn(f"an earlier run's trace file was at {path}; it is kept as {aside}")
 
 
 def encode(record, _dumps=marshal.dumps) -> bytes:
