@@ -8,7 +8,6 @@ flight at once, marked as such.
 
 from __future__ import annotations
 
-import mmap
 import os
 import time
 from typing import Callable
@@ -19,11 +18,13 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from ..notices import warn
 from ..record.export import ExportSampler
 from .otlp_json import resource_attributes
-from .reader import Assembler, TraceFileError, read_header, record_at, scan
+from ..record import tracefile as fmt
+from .reader import GAP, Assembler, TraceFileError, map_trace_file, read_header, record_at, scan, with_gaps
 from .replay import BATCH, readable
 
 # Spans kept for a back end that does not take them, then the oldest are dropped.
 _MAX_PENDING = 50_000
+_NAMES = (fmt.SYMBOL, fmt.TABLE, fmt.THREAD)
 
 
 class RingFollower:
@@ -32,13 +33,13 @@ class RingFollower:
     poll reads two record headers when there is nothing new: the one where the
     next record goes, and the ring's first, which tells whether the writer
     wrapped (the next record is there) or lapped the follower (a newer one is:
-    the whole ring is scanned again and what was lost is counted)."""
+    the whole ring is scanned again, its names are passed on first, then a
+    GAP, then what was not read yet; what was lost is counted)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        with open(path, "rb") as handle:
-            self._data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        self.metadata, self._base, self._end, _ = read_header(path, self._data)
+        self._data = map_trace_file(path)
+        self.metadata, self._base, self._end, _ = read_header(path, self._data, written_only=False)
         self._offset: int | None = None
         self._expected = 0  # the sequence number of the next record
         self.lost = 0  # records the writer overwrote before they were read
@@ -67,16 +68,21 @@ class RingFollower:
         return records
 
     def _resync(self) -> list[tuple]:
-        """From a scan of the whole ring: the records not read yet."""
+        """From a scan of the whole ring: its names first (so that records
+        whose SYMBOL was overwritten are still named), then the records not
+        read yet. After a loss, the starts read before it may have lost their
+        ends: a GAP first tells the assembler so."""
         entries, _ = scan(self._data, self._base, self._end)
         fresh = [(sequence, after, record) for sequence, after, record in entries if sequence >= self._expected]
         if not fresh:
             return []
+        records = [record for _, _, record in entries if record[0] in _NAMES] + with_gaps(fresh)
         if self._offset is not None and fresh[0][0] > self._expected:
-            self.lost += fresh[0][0] - self._expected
+            self.lost += fresh[-1][0] + 1 - self._expected - len(fresh)
+            records.insert(0, GAP)
         self._expected = fresh[-1][0] + 1
         self._offset = fresh[-1][1]
-        return [record for _, _, record in fresh]
+        return records
 
 
 def parent_watch(pid: int | None) -> Callable[[], bool]:
@@ -157,6 +163,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lam
             time.sleep(interval)
     finally:
         if follower.lost:
-            warn(f"follow {path}: {follower.lost} records were overwritten before they were read "
+            warn(f"follow {path}: {follower.lost} records were overwritten before they were read, and "
+                 f"{len(assembler.unsure)} spans whose end may have been among them were not exported "
                  "(a larger SGLANG_KERNEL_API_TRACEFILE_SIZE keeps more)")
         follower.close()

@@ -1,9 +1,14 @@
 """Reads a trace file back: the spans that ended, and those still in flight
 when the process died, in the order they started.
 
-Never crashes on a damaged file: a missing, empty, foreign or truncated header
-raises `TraceFileError` with what is wrong; torn or overwritten records are
-skipped and counted.
+Every file is hostile input. Only a regular file is opened (a FIFO would
+block), only the part of the ring the header says was written is scanned,
+and what a record decodes to is validated and cleaned (attribute keys are
+strings, values OTLP can carry, ids and times in range, text valid UTF-8)
+before anything uses it. A missing, empty, foreign or truncated header raises
+`TraceFileError` with what is wrong; torn or overwritten records are skipped
+and counted, and a start whose end may have been overwritten (it lies before
+a break in the sequence numbers) is never taken for a call in flight.
 """
 
 from __future__ import annotations
@@ -11,14 +16,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import marshal
+import math
 import mmap
 import os
+import stat
 import struct
 import zlib
 from typing import Any
 
 from ..record import tracefile as fmt
 from ..schema import BLACKBOX, IN_FLIGHT, NAME, SEQ
+from ..text import utf8
 
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
 STATUS_NAMES = {0: "UNSET", 1: "OK", 2: "ERROR"}
@@ -27,10 +35,17 @@ _COMPACT_END = "e"
 _KERNEL_START = "ks"
 _KERNEL_END = "ke"
 _SPAN_START = "s"
+# Not in any file: the reader's mark of a break in the sequence numbers (the
+# ring overwrote, or a follower was lapped by, the records in between).
+GAP = ("gap",)
+# A record whose checksum holds but whose content does not (a crafted file,
+# or a record kind of a newer writer): ignored, but no break in the sequence.
+MALFORMED = ("malformed",)
 # Black-box calls have no span id of their own: theirs is made from the call
 # number, with a high tag no random id of the SDK is likely to share.
 _BLACKBOX_SPAN_TAG = 0xB1AC << 48
 _END_FIELDS = 8
+_MAX_UNSURE = 1 << 16
 
 
 class TraceFileError(Exception):
@@ -79,36 +94,82 @@ def read_trace(path: str | os.PathLike) -> list[RecoveredSpan]:
 
 def read_trace_file(path: str | os.PathLike) -> TraceFileContents:
     path = os.fspath(path)
+    with map_trace_file(path) as data:
+        return _parse(path, data)
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file at `path`; TraceFileError
+    for anything else (a FIFO, a device, a directory), without blocking."""
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size == 0:
-                raise TraceFileError(f"{path}: empty file, not a trace file")
-            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                return _parse(path, data)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise TraceFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise TraceFileError(f"{path}: is a directory, not a trace file") from None
     except PermissionError:
         raise TraceFileError(f"{path}: permission denied") from None
     except OSError as exc:
         raise TraceFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise TraceFileError(f"{path}: is {kind}, not a trace file")
+    return fd
 
 
-def read_header(path: str, data) -> tuple[dict, int, int, list[str]]:
-    """(metadata, first ring byte, end of the ring, problems) of a mapped trace file."""
+def map_trace_file(path: str) -> mmap.mmap:
+    """The regular file at `path` mapped read-only."""
+    fd = open_regular(path)
+    try:
+        if os.fstat(fd).st_size == 0:
+            raise TraceFileError(f"{path}: empty file, not a trace file")
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise TraceFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str, limit: int = 1 << 20) -> str:
+    """The end (at most `limit` bytes) of a regular text file beside a trace
+    file, as valid text; "" when there is none or it is not a regular file."""
+    try:
+        fd = open_regular(path)
+    except TraceFileError:
+        return ""
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, limit, max(size - limit, 0))
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace")
+
+
+# Format 2 had no high-water mark: its whole ring is scanned.
+_PREFIXES = {2: struct.Struct("<8sIIQI"), fmt.FORMAT_VERSION: fmt.HEADER_PREFIX}
+
+
+def read_header(path: str, data, written_only: bool = True) -> tuple[dict, int, int, list[str]]:
+    """(metadata, first ring byte, end of the ring, problems) of a mapped
+    trace file; the end of what was written in it, unless `written_only` is
+    false (a live file, whose writer moves that mark)."""
     problems: list[str] = []
     if len(data) < fmt.HEADER_PREFIX.size or bytes(data[:8]) != fmt.MAGIC:
         if bytes(data[:8]) == fmt.MAGIC[: min(8, len(data))]:
             raise TraceFileError(f"{path}: truncated inside its header ({len(data)} bytes)")
         raise TraceFileError(f"{path}: not a sglang-otel-kernels trace file (no {fmt.MAGIC.decode()} header)")
-    _, version, header_size, capacity, meta_len = fmt.HEADER_PREFIX.unpack_from(data, 0)
-    if version != fmt.FORMAT_VERSION:
-        raise TraceFileError(f"{path}: trace file format {version}, this reader knows {fmt.FORMAT_VERSION}")
-    if header_size < fmt.HEADER_PREFIX.size or meta_len > header_size - fmt.HEADER_PREFIX.size:
+    version = struct.unpack_from("<I", data, 8)[0]
+    prefix = _PREFIXES.get(version)
+    if prefix is None:
+        raise TraceFileError(f"{path}: trace file format {version}, this reader knows {sorted(_PREFIXES)}")
+    _, _, header_size, capacity, meta_len, *written = prefix.unpack_from(data, 0)
+    if header_size < prefix.size or meta_len > header_size - prefix.size:
         raise TraceFileError(f"{path}: damaged header (header size {header_size}, metadata {meta_len} bytes)")
-    metadata = _metadata(data, meta_len, problems)
+    metadata = _metadata(data, prefix.size, meta_len, problems)
+    if written and written_only:
+        capacity = min(capacity, written[0])
     ring_end = header_size + capacity
     if len(data) < ring_end:
         problems.append(f"file truncated: {max(len(data) - header_size, 0)} of {capacity} record bytes present")
@@ -119,25 +180,54 @@ def read_header(path: str, data) -> tuple[dict, int, int, list[str]]:
 def _parse(path: str, data) -> TraceFileContents:
     metadata, base, ring_end, problems = read_header(path, data)
     entries, skipped = scan(data, base, ring_end)
-    records = [record for _, _, record in entries]
     if skipped:
         problems.append(f"{skipped} record(s) torn by a crash or partly overwritten were skipped")
-    spans, last_time, orphans = _assemble(records)
-    if orphans:
-        problems.append(f"{orphans} span end(s) whose start was overwritten by newer records were left out")
-    return TraceFileContents(path, metadata, spans, len(records), skipped, problems, last_time)
+    malformed = sum(1 for entry in entries if entry[2] is MALFORMED)
+    if malformed:
+        problems.append(f"{malformed} record(s) with a valid checksum but malformed content were ignored")
+    spans, last_time, assembler = _assemble(with_gaps(entries))
+    if assembler.orphans:
+        problems.append(f"{assembler.orphans} span end(s) whose start was overwritten by newer records were left out")
+    if assembler.unsure:
+        problems.append(f"{len(assembler.unsure)} span start(s) from before a break in the ring, whose end may have "
+                        "been overwritten, were left out (not counted as in flight)")
+    return TraceFileContents(path, metadata, spans, len(entries), skipped, problems, last_time)
 
 
-def _metadata(data, meta_len: int, problems: list[str]) -> dict:
-    start = fmt.HEADER_PREFIX.size
+def with_gaps(entries: list[tuple[int, int, tuple]]) -> list[tuple]:
+    """The records of `entries` (in sequence order) with GAP where the
+    unbroken run of sequence numbers that ends at the newest record begins,
+    if anything older survives: only in that run does a start without its end
+    mean a call in flight."""
+    start = len(entries) - 1
+    while start > 0 and entries[start - 1][0] == entries[start][0] - 1:
+        start -= 1
+    records = [record for _, _, record in entries]
+    if start > 0:
+        records.insert(start, GAP)
+    return records
+
+
+def _metadata(data, start: int, meta_len: int, problems: list[str]) -> dict:
     try:
         value = json.loads(bytes(data[start : start + meta_len]).decode("utf-8"))
         if isinstance(value, dict):
-            return value
-    except (UnicodeDecodeError, ValueError):
+            return _clean_json(value)
+    except (UnicodeDecodeError, ValueError, RecursionError):
         pass
     problems.append("the header's metadata is damaged")
     return {}
+
+
+def _clean_json(value):
+    """JSON with its text made valid UTF-8 (json.loads accepts lone surrogates)."""
+    if isinstance(value, str):
+        return utf8(value)
+    if isinstance(value, list):
+        return [_clean_json(item) for item in value]
+    if isinstance(value, dict):
+        return {utf8(key): _clean_json(item) for key, item in value.items()}
+    return value
 
 
 def record_at(data, position: int, end: int) -> "tuple[int, tuple, int] | None":
@@ -182,21 +272,31 @@ def scan(data, base: int, end: int) -> tuple[list[tuple[int, int, tuple]], int]:
 
 
 def _decode(payload: bytes, crc: int, encoding: int):
+    """The record a payload holds, validated and cleaned; None for one that
+    fails its CRC, MALFORMED for one whose content this reader does not take
+    (it still counts as a record in the sequence)."""
     if zlib.crc32(payload) != crc:
         return None
+    record = _content(payload, encoding)
+    return MALFORMED if record is None else record
+
+
+def _content(payload: bytes, encoding: int):
     if encoding == fmt.ENCODING_COMPACT_END:
         if len(payload) != fmt.COMPACT_END.size:
             return None
         span_id, end_time, status = fmt.COMPACT_END.unpack(payload)
-        return (_COMPACT_END, span_id, end_time, status)
+        return (_COMPACT_END, span_id, end_time, status) if end_time >= 0 else None
     if encoding == fmt.ENCODING_KERNEL_START:
         if len(payload) != fmt.KERNEL_START.size:
             return None
-        return (_KERNEL_START, *fmt.KERNEL_START.unpack(payload))
+        fields = fmt.KERNEL_START.unpack(payload)
+        return (_KERNEL_START, *fields) if fields[2] >= 0 else None
     if encoding == fmt.ENCODING_KERNEL_END:
         if len(payload) != fmt.KERNEL_END.size:
             return None
-        return (_KERNEL_END, *fmt.KERNEL_END.unpack(payload))
+        fields = fmt.KERNEL_END.unpack(payload)
+        return (_KERNEL_END, *fields) if fields[1] >= 0 else None
     if encoding == fmt.ENCODING_SPAN_START:
         return _span_start(payload)
     if encoding != fmt.ENCODING_MARSHAL:
@@ -205,53 +305,148 @@ def _decode(payload: bytes, crc: int, encoding: int):
     if not isinstance(record, tuple) or not record:
         return None
     kind = record[0]
-    if kind in (fmt.THREAD, fmt.SYMBOL) and len(record) == 3 and isinstance(record[1], int):
-        return record
+    if kind == fmt.END and len(record) == _END_FIELDS:
+        return _end(record)
+    if kind == fmt.THREAD and len(record) == 3 and _is_u64(record[1]) and type(record[2]) is str:
+        return (fmt.THREAD, record[1], utf8(record[2]))
+    if kind == fmt.SYMBOL and len(record) == 3 and type(record[1]) is int:
+        value = _symbol(record[2])
+        return None if value is None else (fmt.SYMBOL, record[1], value)
     if kind == fmt.TABLE and len(record) == 3 and isinstance(record[1], dict) and isinstance(record[2], dict):
-        return record
-    if kind == fmt.FAILURE and len(record) == 4 and isinstance(record[1], int):
-        return record
-    if kind == fmt.END and len(record) == _END_FIELDS and _well_formed_end(record):
-        return record
+        symbols = {number: value for number, value in ((n, _symbol(v)) for n, v in record[1].items())
+                   if type(number) is int and value is not None}
+        threads = {ident: utf8(name) for ident, name in record[2].items() if _is_u64(ident) and type(name) is str}
+        return (fmt.TABLE, symbols, threads)
+    if (kind == fmt.FAILURE and len(record) == 4 and type(record[1]) is int
+            and type(record[2]) is str and type(record[3]) is str):
+        return (fmt.FAILURE, record[1], utf8(record[2]), utf8(record[3]))
     return None
 
 
 def _unmarshal(payload):
     try:
         return marshal.loads(payload)
-    except (ValueError, EOFError, TypeError):
+    except (ValueError, EOFError, TypeError, RecursionError, MemoryError):
         return None
 
 
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_MAX_NESTING = 8
+
+
+def _is_u64(value) -> bool:
+    return type(value) is int and 0 <= value < 1 << 64
+
+
+def _is_time(value) -> bool:
+    return type(value) is int and 0 <= value <= _INT64[1]
+
+
+def _symbol(value):
+    """A symbol's value: a name, or a (scope name, version) pair; else None."""
+    if type(value) is str:
+        return utf8(value)
+    if type(value) is tuple and len(value) == 2 and all(type(part) is str for part in value):
+        return (utf8(value[0]), utf8(value[1]))
+    return None
+
+
+def _value(value, depth: int = 0):
+    """An attribute value OTLP can carry (text valid UTF-8, ints within int64,
+    sequences and maps of such), or None for anything else (code objects,
+    sets, bytes, nesting past a bound)."""
+    kind = type(value)
+    if kind is str:
+        return value if value.isascii() else utf8(value)
+    if kind is bool or kind is float:
+        return value
+    if kind is int:
+        return value if _INT64[0] <= value <= _INT64[1] else str(value)
+    if depth >= _MAX_NESTING:
+        return None
+    if kind is tuple or kind is list:
+        items = tuple(_value(item, depth + 1) for item in value)
+        return None if None in items else items
+    if kind is dict:
+        return _attributes(value, depth + 1)
+    return None
+
+
+def _attributes(value, depth: int = 0) -> "dict | None":
+    """An attribute map with string keys and valid values (the others
+    dropped); None when `value` is not a dict at all."""
+    if type(value) is not dict:
+        return None
+    clean = {}
+    for key, item in value.items():
+        if type(key) is str:
+            item = _value(item, depth)
+            if item is not None:
+                clean[key if key.isascii() else utf8(key)] = item
+    return clean
+
+
+def _events(value) -> "tuple | None":
+    if type(value) is not tuple:
+        return None
+    events = []
+    for event in value:
+        if type(event) is tuple and len(event) == 3 and type(event[0]) is str and _is_time(event[1]):
+            attributes = _attributes(event[2])
+            if attributes is not None:
+                events.append((utf8(event[0]), event[1], attributes))
+    return tuple(events)
+
+
+def _links(value) -> "tuple | None":
+    if type(value) is not tuple:
+        return None
+    links = []
+    for link in value:
+        if (type(link) is tuple and len(link) == 3 and type(link[0]) is int and 0 < link[0] < 1 << 128
+                and _is_u64(link[1]) and link[1]):
+            attributes = _attributes(link[2])
+            if attributes is not None:
+                links.append((link[0], link[1], attributes))
+    return tuple(links)
+
+
 def _span_start(payload: bytes):
-    """(_SPAN_START, trace id, span id, parent id, name symbol, kind, start,
-    thread, scope symbol, attributes, links, sampled flag, remote parent,
-    parent sampled)."""
+    """(_SPAN_START, trace id, span id, parent id, name (symbol number, or the
+    name itself when written inline), kind, start, thread, scope symbol,
+    attributes, links, sampled flag, remote parent, parent sampled)."""
     fixed = fmt.SPAN_START
     if len(payload) < fixed.size:
         return None
     high, low, span_id, parent_id, start, thread, name, scope, kind, flags = fixed.unpack_from(payload)
-    data = _unmarshal(payload[fixed.size :])
-    if flags & fmt.FLAG_LINKS:
-        if not (isinstance(data, tuple) and len(data) == 2 and isinstance(data[1], tuple)):
-            return None
-        data, links = data
-    else:
-        links = ()
-    if not isinstance(data, dict):
+    if start < 0 or kind > 4:
         return None
-    return (_SPAN_START, (high << 64) | low, span_id, parent_id, name, kind, start, thread, scope, data, links,
+    data = _unmarshal(payload[fixed.size :])
+    if flags & fmt.FLAG_INLINE_NAME:
+        if not (type(data) is tuple and len(data) == 2 and type(data[0]) is str):
+            return None
+        name, data = utf8(data[0]), data[1]
+    links: "tuple | None" = ()
+    if flags & fmt.FLAG_LINKS:
+        if not (type(data) is tuple and len(data) == 2):
+            return None
+        data, links = data[0], _links(data[1])
+    attributes = _attributes(data)
+    if attributes is None or links is None:
+        return None
+    return (_SPAN_START, (high << 64) | low, span_id, parent_id, name, kind, start, thread, scope, attributes, links,
             flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED))
 
 
-def _well_formed_end(record: tuple) -> bool:
+def _end(record: tuple) -> "tuple | None":
     _, trace_id, span_id, end_time, status, description, events, attributes = record
-    return (
-        all(isinstance(value, int) for value in (trace_id, span_id, end_time, status))
-        and isinstance(description, str)
-        and isinstance(events, tuple)
-        and isinstance(attributes, dict)
-    )
+    if not (type(trace_id) is int and 0 <= trace_id < 1 << 128 and _is_u64(span_id) and _is_time(end_time)
+            and type(status) is int and type(description) is str):
+        return None
+    events, attributes = _events(events), _attributes(attributes)
+    if events is None or attributes is None:
+        return None
+    return (fmt.END, trace_id, span_id, end_time, status, utf8(description), events, attributes)
 
 
 class Assembler:
@@ -265,6 +460,9 @@ class Assembler:
         self.symbols: dict[int, Any] = {}
         self.starts: dict[int, tuple] = {}  # span id -> start record, while open
         self.calls: dict[int, tuple] = {}  # black-box call number -> KERNEL_START record, while open
+        # Starts open at a GAP: their end may have been lost, so they are
+        # paired if it comes and otherwise never reported in flight.
+        self.unsure: dict = {}
         self.failures: dict[int, tuple] = {}
         self.last_time = 0
         self.orphans = 0  # ends whose start the ring had overwritten
@@ -278,7 +476,7 @@ class Assembler:
         elif kind in (fmt.END, _COMPACT_END):
             span_id, end_time = (record[2], record[3]) if kind == fmt.END else (record[1], record[2])
             self.last_time = max(self.last_time, end_time)
-            start = self.starts.pop(span_id, None)
+            start = self.starts.pop(span_id, None) or self.unsure.pop(("s", span_id), None)
             if start is not None:
                 return start, record
             self.orphans += 1
@@ -287,9 +485,16 @@ class Assembler:
             self.last_time = max(self.last_time, record[3])
         elif kind == _KERNEL_END:
             self.last_time = max(self.last_time, record[2])
-            start = self.calls.pop(record[1], None)
+            start = self.calls.pop(record[1], None) or self.unsure.pop(("k", record[1]), None)
             if start is not None:
                 return start, record
+        elif record is GAP:
+            self.unsure.update((("s", span_id), start) for span_id, start in self.starts.items())
+            self.unsure.update((("k", seq), start) for seq, start in self.calls.items())
+            self.starts.clear()
+            self.calls.clear()
+            while len(self.unsure) > _MAX_UNSURE:  # a follower lapped again and again
+                del self.unsure[next(iter(self.unsure))]
         elif kind == fmt.FAILURE:
             self.failures[record[1]] = record
         elif kind == fmt.THREAD:
@@ -335,20 +540,25 @@ class Assembler:
         )
 
 
-def _assemble(records: list[tuple]) -> tuple[list[RecoveredSpan], int, int]:
+def _assemble(records: list[tuple]) -> "tuple[list[RecoveredSpan], int, Assembler]":
     """All spans of a file, ended and in flight, in start order; the newest
-    time; the ends whose start was overwritten (the oldest edge of the ring)."""
+    time; the assembler (what it left out)."""
     assembler = Assembler()
     pairs = [pair for pair in map(assembler.add, records) if pair is not None]
     spans = [assembler.span(start, end) for start, end in pairs] + assembler.in_flight()
     spans.sort(key=lambda span: span.start_time)
-    return spans, max([assembler.last_time] + [s.end_time or s.start_time for s in spans]), assembler.orphans
+    return spans, max([assembler.last_time] + [s.end_time or s.start_time for s in spans]), assembler
 
 
-def _name(symbols: dict[int, Any], number: int) -> str:
-    # A name the ring lost (it never should: see the TABLE record) still shows.
+def _name(symbols: dict[int, Any], number: "int | str") -> str:
+    """A span's name: written inline, or its symbol's. One the file does not
+    hold (a full table when a black-box kernel was first seen, or damage) still shows."""
+    if type(number) is str:
+        return number
     value = symbols.get(number)
-    return value if isinstance(value, str) else f"<name {number} not in the file>"
+    if isinstance(value, str):
+        return value
+    return "<name not recorded: the name table was full>" if number == 0 else f"<name {number} not in the file>"
 
 
 def _span(start: tuple, end: tuple | None, threads: dict[int, str], symbols: dict[int, Any]) -> RecoveredSpan:

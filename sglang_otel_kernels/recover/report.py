@@ -8,8 +8,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from ..record.tracefile import traceback_path
 from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, INPUT_PREFIX, NAME, REQUEST_ID, SEQ
-from .reader import RecoveredSpan, TraceFileContents
+from .reader import RecoveredSpan, TraceFileContents, read_text
 
 _TENSOR_FIELDS = ("shape", "dtype", "device", "stride", "contiguous", "requires_grad",
                   "min", "max", "mean", "nan_count", "inf_count", "has_nan", "has_inf", "stats")
@@ -43,6 +44,13 @@ def _render_value(value: Any) -> str:
     return repr(value)
 
 
+def _texts(value: Any) -> list[str]:
+    """Request ids as a list of text, whatever type a file gave them."""
+    if isinstance(value, (tuple, list)):
+        return [str(item) for item in value]
+    return [str(value)]
+
+
 def _requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[str, Any] | None:
     """The batch around a call and the requests it served, walking up the parents."""
     current = span
@@ -52,12 +60,12 @@ def _requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[s
             return {
                 "batch": current.name,
                 "batch_span_id": f"{current.span_id:016x}",
-                "request_ids": list(current.attributes.get(BATCH_REQUEST_IDS, ())),
+                "request_ids": _texts(current.attributes.get(BATCH_REQUEST_IDS, ())),
                 "request_traces": [f"{trace_id:032x}" for trace_id, _, _ in current.links],
             }
         if current.kind == 1:  # SERVER: the request itself
             return {"request": current.name, "trace_id": f"{current.trace_id:032x}",
-                    "request_ids": [current.attributes[REQUEST_ID]] if REQUEST_ID in current.attributes else []}
+                    "request_ids": _texts(current.attributes[REQUEST_ID]) if REQUEST_ID in current.attributes else []}
         current = by_id.get(current.parent_span_id)
         seen += 1
     return None
@@ -110,17 +118,13 @@ def build_report(contents: list[TraceFileContents], last: int = 10) -> dict[str,
             row["total_us"] += (span.end_time - span.start_time) / 1000
     tracebacks = {}
     for content in contents:
-        path = content.path + ".traceback"
-        try:
-            text = open(path, encoding="utf-8", errors="replace").read().strip()
-        except OSError:
-            text = ""
+        text = read_text(traceback_path(content.path)).strip()
         if text:
             tracebacks[content.path] = text
     return {
         "files": [
             {"path": c.path, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"),
-             "ranks": c.metadata.get("ranks", {}), "argv": c.metadata.get("argv"),
+             "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
              "spans": len(c.spans), "problems": c.problems}
             for c in contents
         ],
@@ -136,6 +140,10 @@ def build_report(contents: list[TraceFileContents], last: int = 10) -> dict[str,
             for s, f in spans if s.in_flight and not is_kernel(s)
         ],
     }
+
+
+def _ranks(value: Any) -> dict[str, str]:
+    return {str(key): str(rank) for key, rank in value.items()} if isinstance(value, dict) else {}
 
 
 def _call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
