@@ -21,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import stat
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from ..describe.values import safe_repr, safe_str
 from ..notices import warn, warn_once
 
 METADATA = "metadata.json"
+MAX_METADATA_BYTES = 64 << 20
 INPUTS = "inputs.pt"
 OUTPUTS = "outputs.pt"
 STATUS_SAVED = "inputs_saved"
@@ -131,8 +133,15 @@ def write_metadata(directory: str, metadata: dict) -> None:
 
 
 def read_metadata(directory: str) -> dict:
-    with open(os.path.join(directory, METADATA), "rb") as handle:
-        value = json.loads(handle.read().decode("utf-8"))
+    """The metadata of a dump: a regular file (a FIFO would block), bounded."""
+    fd = os.open(os.path.join(directory, METADATA), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        text = handle.read(MAX_METADATA_BYTES + 1)
+    if len(text) > MAX_METADATA_BYTES:
+        raise ValueError(f"larger than {MAX_METADATA_BYTES >> 20} MiB")
+    value = json.loads(text.decode("utf-8"))
     if not isinstance(value, dict):
         raise ValueError("metadata.json does not hold a JSON object")
     return value

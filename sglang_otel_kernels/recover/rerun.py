@@ -2,8 +2,10 @@
 inputs of a level-10 dump, the function found by its import path, and a
 comparison of what happens now with what the dump recorded.
 
-Works on SGLang's own dumps too (same layout); those carry no import path, so
-the function is given with `--function`.
+The function to run is always given by the user (`--function`): a dump is
+data, and the import path its metadata records is shown, never run on the
+dump's word (a crafted `metadata.json` could name `os:system`). Works on
+SGLang's own dumps too (same layout).
 """
 
 from __future__ import annotations
@@ -29,17 +31,23 @@ class DumpError(Exception):
 # -- loading ------------------------------------------------------------------
 
 
+# Bounds on what a (hostile) metadata.json can make this command build.
+_MAX_ARGUMENTS = 4096
+_MAX_ITEMS = 1 << 16
+
+
 def _load_tensors(directory: str, name: str, keys: list) -> dict:
     if not keys:
         return {}
     path = os.path.join(directory, name)
-    if not os.path.exists(path):
+    if not os.path.isfile(path):  # missing, or a FIFO that would block the load
         raise DumpError(f"{directory}: incomplete dump, {name} is missing (metadata lists tensors {keys[:4]})")
     try:
-        tensors = torch.load(path, map_location="cpu", weights_only=True)
+        tensors = torch.load(path, map_location="cpu", weights_only=True)  # data only: never unpickles code
     except Exception as exc:
         raise DumpError(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from None
-    if not isinstance(tensors, dict) or not set(keys) <= set(tensors):
+    if not isinstance(tensors, dict) or not set(keys) <= set(tensors) or not all(
+            isinstance(tensors[key], torch.Tensor) for key in keys):
         raise DumpError(f"{path}: does not hold the tensors the metadata lists")
     return tensors
 
@@ -53,23 +61,43 @@ def _from_json(prefix: str, value: Any) -> Any:
         if isinstance(dtype, torch.dtype):
             return dtype
     elif kind == "torch.device":
-        return torch.device(value.get("value"))
+        try:
+            return torch.device(value.get("value"))
+        except (RuntimeError, TypeError, ValueError):
+            raise DumpError(f"argument {prefix}: {value.get('value')!r} is not a device") from None
     raise DumpError(f"argument {prefix} was a {kind} and the dump holds only its repr ({value.get('repr')!r}), "
                     "so it cannot be rebuilt; pass --function a wrapper that supplies it")
 
 
-def _rebuild(prefix: str, tensors: dict, metadata: dict) -> Any:
+def _rebuild(prefix: str, tensors: dict, metadata: dict, depth: int = 0) -> Any:
     if prefix in tensors:
         return tensors[prefix]
     container = metadata.get(prefix + "__container")
-    if isinstance(container, dict):
+    if isinstance(container, dict) and depth < 8:
         if container.get("type") == "dict":
-            return {key: _rebuild(f"{prefix}_{key}", tensors, metadata) for key in container.get("keys", [])}
-        items = [_rebuild(f"{prefix}_{i}", tensors, metadata) for i in range(int(container.get("length", 0)))]
+            return {key: _rebuild(f"{prefix}_{key}", tensors, metadata, depth + 1)
+                    for key in _texts(container.get("keys", []), f"{prefix}__container keys")}
+        length = container.get("length", 0)
+        if not isinstance(length, int) or not 0 <= length <= _MAX_ITEMS:
+            raise DumpError(f"metadata.json: {prefix}__container has a bad length {length!r}")
+        items = [_rebuild(f"{prefix}_{i}", tensors, metadata, depth + 1) for i in range(length)]
         return items if container.get("type") == "list" else tuple(items)
     if prefix in metadata:
         return _from_json(prefix, metadata[prefix])
     raise DumpError(f"argument {prefix} is not in the dump")
+
+
+def _texts(value: Any, what: str) -> list:
+    """A list of strings from the metadata, or a one-line error."""
+    if not isinstance(value, list) or len(value) > _MAX_ITEMS or not all(isinstance(v, str) for v in value):
+        raise DumpError(f"metadata.json: {what} is not a list of names")
+    return value
+
+
+def _mapping(value: Any, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise DumpError(f"metadata.json: {what} is not an object")
+    return value
 
 
 def _top_level(keys: set, marker: str) -> list:
@@ -83,7 +111,8 @@ def _top_level(keys: set, marker: str) -> list:
 def load_call(directory: str, device: str | None = None, notes: list | None = None) -> tuple[dict, list, dict, dict]:
     """(metadata, positional arguments, keyword arguments, saved output
     tensors); input tensors on their recorded device or `device` (what could
-    not be placed is said in `notes`)."""
+    not be placed is said in `notes`). metadata.json is hostile input: a
+    field of the wrong type or size is a DumpError naming it."""
     if not os.path.isdir(directory):
         raise DumpError(f"{directory}: not a directory (a dump is one call's directory)" if os.path.exists(directory)
                         else f"{directory}: no such dump directory")
@@ -94,21 +123,28 @@ def load_call(directory: str, device: str | None = None, notes: list | None = No
                         "(the process ended before the inputs were saved)") from None
     except (OSError, ValueError) as exc:
         raise DumpError(f"{directory}: {_dumps.METADATA} cannot be read ({exc})") from None
-    tensors = _load_tensors(directory, _dumps.INPUTS, list(metadata.get("input_tensor_keys") or []))
-    tensors = _placed(tensors, metadata.get("input_tensor_devices") or {}, device, [] if notes is None else notes)
-    values = metadata.get("input_metadata") or {}
+    tensors = _load_tensors(directory, _dumps.INPUTS, _texts(metadata.get("input_tensor_keys") or [], "input_tensor_keys"))
+    devices = _mapping(metadata.get("input_tensor_devices") or {}, "input_tensor_devices")
+    tensors = _placed(tensors, devices, device, [] if notes is None else notes)
+    values = _mapping(metadata.get("input_metadata") or {}, "input_metadata")
     keys = set(tensors) | set(values)
     count = metadata.get("positional_count")
-    if not isinstance(count, int):
-        count = 1 + max((int(p.split("_")[1]) for p in _top_level(keys, "arg_")), default=-1)
+    if count is None:
+        try:
+            count = 1 + max((int(p.split("_")[1]) for p in _top_level(keys, "arg_")), default=-1)
+        except ValueError:
+            raise DumpError("metadata.json: an argument key is not arg_<number>") from None
+    if not isinstance(count, int) or not 0 <= count <= _MAX_ARGUMENTS:
+        raise DumpError(f"metadata.json: positional_count {count!r} is not a count of arguments")
     names = metadata.get("keyword_names")
-    if not isinstance(names, list):
-        names = [p.removeprefix("kwarg_") for p in sorted(_top_level(keys, "kwarg_"))]
+    names = (sorted(p.removeprefix("kwarg_") for p in _top_level(keys, "kwarg_")) if names is None
+             else _texts(names, "keyword_names"))
     positional = [_rebuild(f"arg_{i}", tensors, values) for i in range(count)]
     keyword = {name: _rebuild(f"kwarg_{name}", tensors, values) for name in names}
     outputs = {}
     if metadata.get("execution_status") == _dumps.STATUS_COMPLETED:
-        outputs = _load_tensors(directory, _dumps.OUTPUTS, list(metadata.get("output_tensor_keys") or []))
+        outputs = _load_tensors(directory, _dumps.OUTPUTS,
+                                _texts(metadata.get("output_tensor_keys") or [], "output_tensor_keys"))
     return metadata, positional, keyword, outputs
 
 
@@ -120,7 +156,7 @@ def _placed(tensors: dict, devices: dict, override: str | None, notes: list) -> 
         target = override or devices.get(key, "cpu")
         try:
             placed[key] = tensor.to(target)
-        except (RuntimeError, AssertionError) as exc:
+        except (RuntimeError, AssertionError, TypeError, ValueError) as exc:
             notes.append(f"{key} stays on the CPU: {target} is not available here ({type(exc).__name__})")
             placed[key] = tensor
     return placed
@@ -208,17 +244,22 @@ def rerun(directory: str, function: str | None = None, device: str | None = None
     """Re-runs the call in `directory`; returns the report (see `render`)."""
     notes: list = []
     metadata, positional, keyword, saved = load_call(directory, device, notes)
-    path = function or metadata.get("function")
-    if not path:
+    named = metadata.get("function")
+    if function is None:
+        # A dump is data: what it names is shown, and runs only on the user's word.
+        if metadata.get("self_skipped"):
+            raise DumpError(f"{metadata.get('function_name')} was called as a method and its object was not saved; "
+                            "pass --function a function taking the same arguments")
+        if isinstance(named, str) and named:
+            raise DumpError(f"the dump names the function {named!r}; a dump's metadata never chooses code to run, "
+                            f"so say it: sglang-otel-kernels rerun {directory} --function {named}")
         raise DumpError(f"{directory}: the dump does not say where its function is (an SGLang dump?); "
                         "pass --function module:qualname")
-    if metadata.get("self_skipped") and function is None:
-        raise DumpError(f"{metadata.get('function_name')} was called as a method and its object was not saved; "
-                        "pass --function a function taking the same arguments")
-    target = resolve(path)
+    target = resolve(function)
     status = metadata.get("execution_status")
-    recorded = {"status": status, "exception": metadata.get("exception")}
-    report: dict = {"dump": os.path.abspath(directory), "name": metadata.get("function_name"), "function": path,
+    exception = metadata.get("exception")
+    recorded = {"status": status, "exception": exception if isinstance(exception, dict) else None}
+    report: dict = {"dump": os.path.abspath(directory), "name": metadata.get("function_name"), "function": function,
                     "recorded": recorded, "notes": notes, "outputs": []}
     try:
         result = target(*positional, **keyword)
@@ -228,7 +269,7 @@ def rerun(directory: str, function: str | None = None, device: str | None = None
         expected = (recorded["exception"] or {}).get("type")
         if status == _dumps.STATUS_EXCEPTION:
             report["reproduced"] = expected == type(exc).__name__
-            report["verdict"] = ("reproduced: raised the recorded " + expected if report["reproduced"]
+            report["verdict"] = (f"reproduced: raised the recorded {expected}" if report["reproduced"]
                                  else f"differs: raised {type(exc).__name__}, the dump recorded {expected}")
         elif status == _dumps.STATUS_SAVED:
             report["reproduced"] = True
