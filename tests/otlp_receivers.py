@@ -42,6 +42,7 @@ def decode(request: trace_service_pb2.ExportTraceServiceRequest) -> list[dict]:
                         ],
                         "events": [event.name for event in span.events],
                         "status": span.status.code,
+                        "status_message": span.status.message,
                         "start": span.start_time_unix_nano,
                         "end": span.end_time_unix_nano,
                         "scope": scope_spans.scope.name,

@@ -213,7 +213,7 @@ def test_rerun_reports_a_match_for_a_good_call(dumping, tmp_path, capsys):
     kernels, _ = dumping()
     kernels["scale"](torch.randn(4, 8), 0.5, bias=torch.randn(8))
     [directory] = dump_dirs(tmp_path)
-    assert cli(["rerun", str(directory)]) == 0
+    assert cli(["rerun", str(directory), "--function", "dump_kernels:scale"]) == 0
     out = capsys.readouterr().out
     assert "re-run:    completed" in out and "result: [4, 8] torch.float32" in out
     assert "max_abs_diff=0 max_rel_diff=0 match" in out
@@ -239,7 +239,7 @@ def test_rerun_reproduces_the_failure_of_a_failing_call(dumping, tmp_path, capsy
     with pytest.raises(IndexError):
         kernels["gather"](torch.ones(4, 2), torch.tensor([1, 9]))
     [directory] = dump_dirs(tmp_path)
-    assert cli(["rerun", str(directory)]) == 0
+    assert cli(["rerun", str(directory), "--function", "dump_kernels:gather"]) == 0
     out = capsys.readouterr().out
     assert "recorded:  exception IndexError: index 9 out of range for 4 rows" in out
     assert "re-run:    raised IndexError: index 9 out of range for 4 rows" in out
@@ -256,7 +256,7 @@ def test_rerun_rebuilds_nested_arguments_dtypes_and_keywords(dumping, tmp_path, 
     [directory] = dump_dirs(tmp_path)
     meta = metadata(directory)
     assert meta["input_metadata"]["arg_1__container"] == {"type": "dict", "keys": ["weight", "dtype"]}
-    assert cli(["rerun", str(directory), "--json"]) == 0
+    assert cli(["rerun", str(directory), "--function", meta["function"], "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [e["key"] for e in report["outputs"]] == ["result_total", "result_parts_0", "result_parts_1"]
     assert report["reproduced"] is True
@@ -274,7 +274,8 @@ def test_rerun_of_a_call_that_killed_its_process_runs_it_again(tmp_path):
     [directory] = (tmp_path / "dumps").iterdir()
     assert metadata(directory)["execution_status"] == "inputs_saved"
     env = {k: v for k, v in os.environ.items() if k != "DUMP_KERNELS_DIE"}
-    rerun = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "rerun", str(directory)],
+    rerun = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "rerun", str(directory),
+                            "--function", "dump_kernels:gather"],
                            env={**env, "PYTHONPATH": TESTS}, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr
     assert "recorded:  inputs_saved (the process ended during the call)" in rerun.stdout
@@ -288,7 +289,7 @@ def test_rerun_finds_a_torch_builtin(record, tmp_path, capsys):
     sok.debug_kernel_api(op_name="mul")(torch.mul)(torch.arange(4.0), 2.0)
     [directory] = dump_dirs(tmp_path)
     assert metadata(directory)["function"] == "torch:mul"  # not torch:_VariableFunctionsClass.mul
-    assert cli(["rerun", str(directory)]) == 0
+    assert cli(["rerun", str(directory), "--function", "torch:mul"]) == 0
     assert "verdict:   reproduced: the outputs match" in capsys.readouterr().out
 
 

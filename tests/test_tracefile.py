@@ -110,21 +110,24 @@ def test_torn_and_damaged_records_are_skipped(traced, tmp_path):
     magic = struct.pack("<I", fmt.RECORD_MAGIC)
     offsets = [i for i in range(fmt.HEADER_SIZE, len(data), 8) if data[i : i + 4] == magic]
     # Records: the thread's name, the span name and the scope, then start and
-    # end of each call. A crash in mid-copy leaves a payload's tail missing:
-    # tear the end record of call 4 and the start record of call 6.
-    for torn in (offsets[4 + 2 * 4], offsets[3 + 2 * 6]):
+    # end of each call. Damage tears the end record of call 4 and the start
+    # record of call 6; a crash in mid-copy tears the newest, call 9's end.
+    for torn in (offsets[4 + 2 * 4], offsets[3 + 2 * 6], offsets[-1]):
         length = struct.unpack_from("<I", data, torn + 4)[0]
         data[torn + 24 + length // 2 : torn + 24 + length] = bytes(length - length // 2)
     path.write_bytes(bytes(data))
     contents = sok.read_trace_file(path)
-    assert contents.skipped == 2
-    assert "2 record(s) torn" in contents.problems[0]
+    assert contents.skipped == 3
+    assert "3 record(s) torn" in contents.problems[0]
     assert "1 span end(s) whose start was overwritten" in contents.problems[1]
+    # Call 4 started before the break in the records that call 6's lost start
+    # makes: its end may be what was lost, so it is no call in flight.
+    assert "1 span start(s) from before a break" in contents.problems[2]
     by_call = {s.attributes[K + "input.i"]: s for s in contents.spans}
     # Call 6 lost its start record, which holds its name and inputs.
-    assert sorted(by_call) == [0, 1, 2, 3, 4, 5, 7, 8, 9]
-    assert by_call[4].in_flight  # its start record survived, its end did not
-    assert not any(s.in_flight for i, s in by_call.items() if i != 4)
+    assert sorted(by_call) == [0, 1, 2, 3, 5, 7, 8, 9]
+    assert by_call[9].in_flight  # its start record survived, its end was torn by the "crash"
+    assert not any(s.in_flight for i, s in by_call.items() if i != 9)
 
 
 def test_truncated_file_keeps_what_is_there(traced, tmp_path):
@@ -148,7 +151,7 @@ def test_truncated_file_keeps_what_is_there(traced, tmp_path):
         (b"", "empty file"),
         (b"hello, world\n" * 100, "not a sglang-otel-kernels trace file"),
         (b"SOKTRACE\x01", "truncated inside its header"),
-        (fmt.HEADER_PREFIX.pack(fmt.MAGIC, 99, fmt.HEADER_SIZE, 1024, 0), "format 99"),
+        (fmt.HEADER_PREFIX.pack(fmt.MAGIC, 99, fmt.HEADER_SIZE, 1024, 0, 0), "format 99"),
     ],
 )
 def test_unreadable_files_say_what_is_wrong(tmp_path, content, message):
@@ -171,7 +174,7 @@ def test_random_garbage_never_crashes_the_reader(tmp_path):
     import random
 
     rng = random.Random(7)
-    header = fmt.HEADER_PREFIX.pack(fmt.MAGIC, fmt.FORMAT_VERSION, fmt.HEADER_SIZE, 1 << 16, 2) + b"{}"
+    header = fmt.HEADER_PREFIX.pack(fmt.MAGIC, fmt.FORMAT_VERSION, fmt.HEADER_SIZE, 1 << 16, 2, 1 << 16) + b"{}"
     magic = struct.pack("<I", fmt.RECORD_MAGIC)
     for _ in range(30):
         ring = bytearray(rng.randbytes(1 << 16))
