@@ -45,9 +45,10 @@ class KernelTraceConfig:
     trace_file_size: its capacity in bytes; the newest records are kept.
     trace_file_fsync: msync each record, for power-loss durability (slow).
     faulthandler: write the Python traceback of a fatal signal beside the trace file.
-    blackbox: record kernel calls straight into the trace file (name, times,
-        thread, the span around the call) instead of as OpenTelemetry spans:
-        the production mode, cheapest per call. Other spans are recorded as usual.
+    blackbox: kernel calls into the trace file alone, at level-1 detail (name,
+        call number, times, thread, status, inside the span around the call),
+        not handed to the provider's processors: the production mode, cheapest
+        per call, also with OTEL_SDK_DISABLED. Other spans are recorded as usual.
     dump_dir: where level 10 writes one directory per call ("%i" becomes the pid).
     dump_include / dump_exclude: fnmatch patterns on the kernel name; a call is
         dumped when it matches an include pattern (or there are none) and no
@@ -56,7 +57,8 @@ class KernelTraceConfig:
         dumping stops (one warning; each span says why it has no dump).
     export_sidecar: OTLP export by a separate process that follows the trace
         file (`sglang-otel-kernels follow`), started with it, instead of by an
-        exporter in this process. Applies to the provider this package creates.
+        exporter in this process (the default; False exports in-process).
+        Applies to the provider this package creates.
     """
 
     level: int = 0
@@ -73,7 +75,7 @@ class KernelTraceConfig:
     dump_exclude: tuple = ()
     dump_max_bytes: int = DEFAULT_DUMP_MAX_BYTES
     dump_max_count: int = DEFAULT_DUMP_MAX_COUNT
-    export_sidecar: bool = False
+    export_sidecar: bool = True
 
 
 def parse_level(raw: str) -> int:
@@ -174,7 +176,7 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         dump_exclude=parse_patterns(environ.get("SGLANG_KERNEL_API_DUMP_EXCLUDE", "")),
         dump_max_bytes=_from_env(environ, "SGLANG_KERNEL_API_DUMP_MAX_BYTES", parse_bytes, DEFAULT_DUMP_MAX_BYTES),
         dump_max_count=_from_env(environ, "SGLANG_KERNEL_API_DUMP_MAX_COUNT", parse_count, DEFAULT_DUMP_MAX_COUNT),
-        export_sidecar=_from_env(environ, "SGLANG_KERNEL_API_EXPORT_SIDECAR", parse_flag, False),
+        export_sidecar=_from_env(environ, "SGLANG_KERNEL_API_EXPORT_SIDECAR", parse_flag, True),
     )
 
 

@@ -1,8 +1,11 @@
 """The README's main job: the demo, in-process and with a real crash."""
 
+import os
 import re
 import subprocess
 import sys
+
+from otlp_receivers import GrpcReceiver
 
 
 def demo(tmp_path, *args):
@@ -62,3 +65,22 @@ def test_cli_rejects_unknown_command():
     proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "nope"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_demo_crash_with_an_endpoint_exports_the_call_in_flight(tmp_path):
+    receiver = GrpcReceiver()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+        proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "demo", "--crash"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        # The sidecar, the default exporter, sends the call that was running when the server died.
+        spans = receiver.wait_for(lambda got: any(s["attributes"].get("sglang.kernel.in_flight") and
+                                                  s["name"] == "sglang.custom_op.embedding" for s in got))
+        [dying] = [s for s in spans if s["name"] == "sglang.custom_op.embedding"
+                   and s["attributes"].get("sglang.kernel.in_flight")]
+        assert dying["status"] == 2 and dying["attributes"]["sglang.kernel.input.arg0.dtype"] == "torch.int64"
+        assert any(s["name"] == "decode_batch" for s in spans)
+    finally:
+        receiver.stop()

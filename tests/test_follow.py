@@ -97,6 +97,7 @@ def run_app(tmp_path, receiver, calls: int, die_at: int, **extra_env: str) -> su
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_SERVICE_NAME="sidecar-test")
     env.update(extra_env)
+    env = {key: value for key, value in env.items() if value is not None}  # None: unset it
     script = APP.replace("DIE_AT", str(die_at)).replace("CALLS", str(calls))
     return subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
@@ -162,15 +163,34 @@ def test_black_box_calls_reach_the_back_end_as_spans_built_by_the_sidecar(tmp_pa
 def test_sidecar_mode_without_a_trace_file_exports_in_process(tmp_path, receiver):
     proc = run_app(tmp_path, receiver, calls=5, die_at=-1, SGLANG_KERNEL_API_TRACEFILE="off")
     assert proc.returncode == 0, proc.stderr
-    assert "needs the trace file, which is off: exporting in this process" in proc.stderr
+    assert "the trace file is off, so there is no export sidecar: spans are exported from this process" in proc.stderr
     receiver.wait_for(lambda got: len(got) == 6)
 
 
-def test_sidecar_mode_with_an_unwritable_trace_file_says_nothing_is_exported(tmp_path, receiver):
+def test_sidecar_mode_with_an_unwritable_trace_file_exports_in_process(tmp_path, receiver):
     proc = run_app(tmp_path, receiver, calls=5, die_at=-1, SGLANG_KERNEL_API_TRACEFILE="/proc/no/such/dir/t.sgltrace")
     assert proc.returncode == 0, proc.stderr
     assert "cannot create the trace file" in proc.stderr
-    assert "without a trace file there is no sidecar, so spans are not exported" in proc.stderr
+    assert "without a trace file there is no export sidecar: spans are exported from this process" in proc.stderr
+    receiver.wait_for(lambda got: len(got) == 6)
+
+
+def test_the_sidecar_is_the_default_exporter_with_an_endpoint_and_absent_without(tmp_path, receiver):
+    env = {"SGLANG_KERNEL_API_EXPORT_SIDECAR": None}
+    proc = run_app(tmp_path, receiver, calls=5, die_at=3, **env)
+    assert proc.returncode == -9, proc.stderr
+    spans = receiver.wait_for(lambda got: len(got) >= 5)
+    [dying] = [s for s in spans if s["attributes"].get(K + "in_flight") and s["name"] != "request"]
+    assert dying["attributes"][K + "input.arg1"] == 3
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _followers(tmp_path):
+        time.sleep(0.1)
+    assert _followers(tmp_path) == []
+    # Without an endpoint: no sidecar at all, and the application says nothing about it.
+    proc = run_app(tmp_path, receiver, calls=5, die_at=-1, OTEL_EXPORTER_OTLP_ENDPOINT=None, **env)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.strip() == "done ['TraceFileProcessor']"
+    assert _followers(tmp_path) == []
 
 
 def _followers(tmp_path) -> list:

@@ -136,6 +136,7 @@ def test_dead_endpoint_costs_the_kernels_nothing_and_is_reported_once(tmp_path):
         "print(time.perf_counter() - start)\n"
     )
     env = clean_env(
+        SGLANG_KERNEL_API_EXPORT_SIDECAR="0",  # the exporter in this process is what is tested
         OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
         OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
         OTEL_EXPORTER_OTLP_TIMEOUT="1",
@@ -152,7 +153,8 @@ def test_dead_endpoint_costs_the_kernels_nothing_and_is_reported_once(tmp_path):
     assert len(sok.read_trace(tmp_path / "t.sgltrace")) == 3000
 
 
-def test_second_configure_and_fork_export_each_span_once(tmp_path):
+@pytest.mark.parametrize("sidecar", ["1", "0"])
+def test_second_configure_and_fork_export_each_span_once(tmp_path, sidecar):
     receiver = HttpReceiver()
     script = (
         "import os, sys, sglang_otel_kernels as sok\n"
@@ -168,7 +170,8 @@ def test_second_configure_and_fork_export_each_span_once(tmp_path):
         "k('parent')\n"
     )
     try:
-        env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+        env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+                        SGLANG_KERNEL_API_EXPORT_SIDECAR=sidecar)
         proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 0, proc.stderr

@@ -109,10 +109,10 @@ def test_torn_and_damaged_records_are_skipped(traced, tmp_path):
     data = bytearray(path.read_bytes())
     magic = struct.pack("<I", fmt.RECORD_MAGIC)
     offsets = [i for i in range(fmt.HEADER_SIZE, len(data), 8) if data[i : i + 4] == magic]
-    # Records: the thread's name, the span name and the scope, then start and
-    # end of each call. Damage tears the end record of call 4 and the start
-    # record of call 6; a crash in mid-copy tears the newest, call 9's end.
-    for torn in (offsets[4 + 2 * 4], offsets[3 + 2 * 6], offsets[-1]):
+    # Records: the thread's name and the span name, then start and end of
+    # each call. Damage tears the end record of call 4 and the start record
+    # of call 6; a crash in mid-copy tears the newest, call 9's end.
+    for torn in (offsets[3 + 2 * 4], offsets[2 + 2 * 6], offsets[-1]):
         length = struct.unpack_from("<I", data, torn + 4)[0]
         data[torn + 24 + length // 2 : torn + 24 + length] = bytes(length - length // 2)
     path.write_bytes(bytes(data))

@@ -13,6 +13,7 @@ import functools
 import inspect
 import itertools
 import os
+from time import time_ns
 from typing import Any, Callable, TypeVar, overload
 
 import torch
@@ -25,11 +26,10 @@ from ..notices import warn_once
 from ..describe.values import describe, tensors_in
 from .. import schema
 from ..record import attributes as _attrs
-from ..record import blackbox
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
-from ..record.processor import current_writer, set_writer
+from ..record.processor import set_writer
 from ..record.setup import make_writer
-from ..record.spans import TRACER_NAME, SpanRecorder
+from ..record.spans import TRACER_NAME, KernelCall, KernelSpans, current_call
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
@@ -47,13 +47,15 @@ class _Runtime:
         if previous is not None:
             previous.text.close()
         self.text = TextLog(cfg.log_dest)
-        self.spans = SpanRecorder(cfg.tracer_provider) if cfg.spans else None
-        # Black box: kernel calls go straight to the trace file, not as spans
-        # (the provider is still set up, for the spans around them).
-        self.blackbox = cfg.blackbox
+        # Kernel spans go into the trace file; with the SDK on they also reach
+        # the provider's processors, except in the black box (the file alone,
+        # at level-1 detail, which works with OTEL_SDK_DISABLED too).
+        self.spans = (KernelSpans(cfg.tracer_provider, sdk=cfg.spans, blackbox=cfg.blackbox)
+                      if cfg.spans or cfg.blackbox else None)
+        self.span_arguments = cfg.spans and not cfg.blackbox
         # Arguments are described (and, at level 5, their statistics computed)
         # only for a reader: the text log, or a span's attributes.
-        self.describes_arguments = self.text.enabled or (self.spans is not None and not self.blackbox)
+        self.describes_arguments = self.text.enabled or self.span_arguments
         # The same trace-file settings keep the same file: a new writer would
         # start the file afresh and lose what it holds.
         self.trace_file_key = (cfg.level > 0, cfg.spans, cfg.blackbox, cfg.trace_file, cfg.trace_file_size,
@@ -91,10 +93,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def kernel_tracer():
-    """The tracer kernel spans use (the global one when spans are off), so that
-    batch and request spans land beside them."""
+    """The tracer of the provider kernel spans go to (the global one when the
+    SDK is off), so that batch and request spans land beside them."""
     spans = _runtime.spans
-    if spans is None:
+    if spans is None or not spans.sdk:
         return trace.get_tracer(TRACER_NAME, __version__)
     return spans.tracer or spans.setup()
 
@@ -120,14 +122,13 @@ def _trace_ids(context, span_key: str) -> dict:
 
 
 class _Call:
-    __slots__ = ("span", "token", "inputs_nonfinite", "writer", "seq", "dump")
+    __slots__ = ("span", "attributes", "inputs_nonfinite", "dump")
 
-    def __init__(self, span, token, inputs_nonfinite: list, writer=None, seq: int = 0, dump: str | None = None) -> None:
+    def __init__(self, span: "KernelCall | None", attributes: "dict | None", inputs_nonfinite: list,
+                 dump: str | None = None) -> None:
         self.span = span
-        self.token = token
+        self.attributes = attributes  # the input attributes, when spans carry them
         self.inputs_nonfinite = inputs_nonfinite
-        self.writer = writer  # the trace file of a black-box call
-        self.seq = seq
         self.dump = dump  # level 10: the directory holding the call's inputs
 
 
@@ -184,38 +185,37 @@ class KernelSite:
         if runtime.text.enabled:
             runtime.text.write_lines(lines)
         nonfinite: list = []
-        if runtime.blackbox:
-            writer = current_writer()
-            if writer is not None:
-                blackbox.start(writer, self.name, seq)
-            return _Call(None, None, nonfinite, writer, seq, dump)
-        if runtime.spans is None:
-            return _Call(None, None, nonfinite, dump=dump)
-        attrs = {schema.NAME: self.name, schema.LEVEL: self.level, schema.SEQ: seq}
+        spans = runtime.spans
+        if spans is None:
+            return _Call(None, None, nonfinite, dump)
+        attrs = None
         if dump is not None:
-            attrs[schema.DUMP_DIR] = dump
+            attrs = {schema.DUMP_DIR: dump}
         elif skipped is not None:
-            attrs[schema.DUMP_SKIPPED] = skipped
-        if self.with_stats:
-            # Placed first so that a long argument list never pushes them out.
-            attrs[schema.HAS_NAN] = attrs[schema.HAS_INF] = False
-            attrs[schema.NONFINITE] = ()
-        for _, path, node in entries:
-            _attrs.add_value(attrs, path, node, self.with_stats, nonfinite)
-        if nonfinite:
-            self._set_flags(attrs, nonfinite)
-        span, token = runtime.spans.start(self.name, attrs)
-        return _Call(span, token, nonfinite, dump=dump)
+            attrs = {schema.DUMP_SKIPPED: skipped}
+        if entries and runtime.span_arguments:
+            attrs = attrs or {}
+            if self.with_stats:
+                # Placed first so that a long argument list never pushes them out.
+                attrs[schema.HAS_NAN] = attrs[schema.HAS_INF] = False
+                attrs[schema.NONFINITE] = ()
+            for _, path, node in entries:
+                _attrs.add_value(attrs, path, node, self.with_stats, nonfinite)
+            if nonfinite:
+                self._set_flags(attrs, nonfinite)
+        return _Call(spans.start(self.name, self.level, seq, attrs), attrs, nonfinite, dump)
 
     def _dump_inputs(self, runtime: _Runtime, positional: tuple, kwargs: dict) -> tuple[str | None, str | None]:
         if is_graph_capturing("cuda"):
             return None, SKIPPED_CAPTURE
-        context = _trace_ids(trace.get_current_span().get_span_context(), "parent_span_id")
+        outer = current_call()
+        parent = outer.span_context() if outer is not None else trace.get_current_span().get_span_context()
+        context = _trace_ids(parent, "parent_span_id")
         return runtime.dumps.save_inputs(self.name, self.function, self.on_object, positional, kwargs, context)
 
     @staticmethod
     def _span_ids(call: _Call) -> dict:
-        return _trace_ids(call.span.get_span_context(), "span_id") if call.span is not None else {}
+        return _trace_ids(call.span.span_context(), "span_id") if call.span is not None else {}
 
     def _set_flags(self, attrs: dict, nonfinite: list) -> None:
         attrs[schema.NONFINITE] = tuple(nonfinite)
@@ -225,41 +225,44 @@ class KernelSite:
     def finish(self, call: _Call | None, result: Any) -> None:
         if call is None:
             return
+        added: dict | None = None
+        events: tuple = ()
         try:
             runtime = _runtime
             dumped = call.dump is not None and runtime.dumps.save_outputs(call.dump, result, self._span_ids(call))
-            if not self.with_args or not runtime.describes_arguments:
-                return
-            node = describe(result)
-            if self.with_stats:
-                fill_statistics(tensors_in([node]))
-            if runtime.text.enabled:
-                lines = [f"Dumped outputs to: {call.dump}"] if dumped else []
-                runtime.text.write_lines(lines + section_lines("Output:", [("return", node)], self.with_stats))
-            if call.span is not None and call.span.is_recording():
-                self._record_output(runtime, call, node)
+            if self.with_args and runtime.describes_arguments:
+                node = describe(result)
+                if self.with_stats:
+                    fill_statistics(tensors_in([node]))
+                if runtime.text.enabled:
+                    lines = [f"Dumped outputs to: {call.dump}"] if dumped else []
+                    runtime.text.write_lines(lines + section_lines("Output:", [("return", node)], self.with_stats))
+                if call.span is not None and runtime.span_arguments:
+                    added, events = self._output(call, node)
         except Exception as exc:
             _warn_once(f"recording the result of {self.name}", exc)
         finally:
             if call.span is not None:
-                SpanRecorder.end(call.span, call.token)
-            elif call.writer is not None:
-                blackbox.end(call.writer, call.seq)
+                try:
+                    _runtime.spans.end(call.span, added, events)
+                except Exception as exc:
+                    _warn_once(f"recording the end of {self.name}", exc)
 
-    def _record_output(self, runtime: _Runtime, call: _Call, node) -> None:
+    def _output(self, call: _Call, node) -> tuple[dict, tuple]:
+        """The attributes the result adds, and the `nonfinite_output` event when
+        it holds the first NaN/Inf."""
         outputs_nonfinite: list = []
         attrs: dict = {}
         _attrs.add_value(attrs, "output", node, self.with_stats, outputs_nonfinite)
+        events: tuple = ()
         if outputs_nonfinite:
-            # Flags of inputs are already on the span: read them back there.
-            present = dict(call.span.attributes) if hasattr(call.span, "attributes") else {}
-            present.update(attrs)
+            present = dict(call.attributes or {}, **attrs)
             self._set_flags(present, call.inputs_nonfinite + outputs_nonfinite)
             for key in (schema.NONFINITE, schema.HAS_NAN, schema.HAS_INF):
                 attrs[key] = present[key]
-        runtime.spans.add(call.span, attrs)
-        if outputs_nonfinite and not call.inputs_nonfinite:
-            call.span.add_event("nonfinite_output", {schema.NONFINITE: tuple(outputs_nonfinite)})
+            if not call.inputs_nonfinite:
+                events = (("nonfinite_output", time_ns(), {schema.NONFINITE: tuple(outputs_nonfinite)}),)
+        return attrs, events
 
     def fail(self, call: _Call | None, exc: BaseException) -> None:
         if call is None:
@@ -273,19 +276,11 @@ class KernelSite:
                 runtime.text.write_lines([exception_line(self.name, exc)])
         except Exception as inner:
             _warn_once(f"logging the exception of {self.name}", inner)
-        if call.span is None:
-            if call.writer is not None:
-                try:
-                    blackbox.fail(call.writer, call.seq, exc)
-                except Exception as inner:
-                    _warn_once(f"recording the exception of {self.name}", inner)
-            return
-        try:
-            SpanRecorder.fail(call.span, exc)
-        except Exception as inner:
-            _warn_once(f"recording the exception of {self.name}", inner)
-        finally:
-            SpanRecorder.end(call.span, call.token)
+        if call.span is not None:
+            try:
+                runtime.spans.fail(call.span, exc)
+            except Exception as inner:
+                _warn_once(f"recording the exception of {self.name}", inner)
 
 
 def _wrap(func: F, name: str, level: int) -> F:

@@ -11,12 +11,17 @@ from __future__ import annotations
 from threading import get_ident
 
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from ..notices import warn_once
 from . import tracefile
 
 _current: "tracefile.TraceFileWriter | None" = None
+
+
+class KernelSpan(ReadableSpan):
+    """An ended kernel call handed to span processors (record/spans.py). The
+    trace-file processor skips it: the decorator wrote it into the file already."""
 
 
 def set_writer(writer: "tracefile.TraceFileWriter | None") -> None:
@@ -134,8 +139,8 @@ class TraceFileProcessor(SpanProcessor):
 
     def on_end(self, span) -> None:
         writer = _current
-        if writer is None or writer.failed:
-            return
+        if writer is None or writer.failed or type(span) is KernelSpan:
+            return  # a kernel span: the decorator wrote it into the file already
         try:
             context = span._context
             status = span._status

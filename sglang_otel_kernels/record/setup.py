@@ -70,20 +70,25 @@ def own_provider() -> SDKTracerProvider:
     provider = SDKTracerProvider(resource=default_resource(), sampler=ALWAYS_ON)
     _own_providers.add(provider)
     if export.otlp_endpoint() is not None and not _sidecar_exports(_config.get_config()):
-        try:
-            provider.add_span_processor(export.ExportProcessor(export.otlp_exporter()))
-        except Exception as exc:
-            warn(f"OTLP export not set up ({type(exc).__name__}: {exc})")
+        _export_in_process(provider)
     return provider
 
 
+def _export_in_process(provider: SDKTracerProvider) -> None:
+    try:
+        provider.add_span_processor(export.ExportProcessor(export.otlp_exporter()))
+    except Exception as exc:
+        warn(f"OTLP export not set up ({type(exc).__name__}: {exc})")
+
+
 def _sidecar_exports(cfg: "_config.KernelTraceConfig") -> bool:
-    """In sidecar mode the process following the trace file exports instead
-    of an exporter here; it needs the trace file."""
+    """Sidecar export (the default) needs the trace file; without it, spans
+    are exported from this process."""
     if not cfg.export_sidecar:
         return False
     if cfg.trace_file == _config.OFF:
-        warn("SGLANG_KERNEL_API_EXPORT_SIDECAR needs the trace file, which is off: exporting in this process")
+        warn("the trace file is off, so there is no export sidecar: spans are exported from this process "
+             "(SGLANG_KERNEL_API_EXPORT_SIDECAR=0 says so without this line)")
         return False
     return True
 
@@ -139,8 +144,15 @@ def _on_open(faulthandler_wanted: bool, sidecar_wanted: bool, trace_path: str) -
 
 
 def _no_sidecar() -> None:
-    warn("SGLANG_KERNEL_API_EXPORT_SIDECAR: without a trace file there is no sidecar, so spans are not "
-         "exported; make SGLANG_KERNEL_API_TRACEFILE writable, or turn sidecar export off")
+    """The trace file could not be created, so no sidecar can follow it:
+    the providers this package made export from this process instead."""
+    if export.otlp_endpoint() is None:
+        return
+    providers = [provider for provider in _own_providers if provider is trace.get_tracer_provider()]
+    if providers:
+        warn("without a trace file there is no export sidecar: spans are exported from this process")
+    for provider in providers:
+        _export_in_process(provider)
 
 
 def _start_sidecar(trace_path: str) -> None:
@@ -148,12 +160,9 @@ def _start_sidecar(trace_path: str) -> None:
     session (a Ctrl-C for the application must not stop it before it has
     exported what the application left); it exits after this process does."""
     if export.otlp_endpoint() is None:
-        warn("SGLANG_KERNEL_API_EXPORT_SIDECAR is set but no OTLP endpoint is: nothing to export to")
-        return
+        return  # nothing to export to
     if not any(provider is trace.get_tracer_provider() for provider in _own_providers):
-        warn("sidecar export applies to the TracerProvider this package creates; the application's own "
-             "provider exports in this process")
-        return
+        return  # the application's own provider exports in its process
     # Not `-m sglang_otel_kernels`: that searches the working directory
     # first, where another `sglang_otel_kernels/` would run instead. The
     # sidecar imports this very package, from where it was loaded.

@@ -1,41 +1,56 @@
-"""One OpenTelemetry span per kernel call, through the OpenTelemetry API.
+"""Kernel calls as spans, with no SDK `Span` on the kernel thread.
 
-The span is a child of whatever span is current (the caller's request or
-batch), is made current itself while the kernel runs (so nested kernels nest),
-and is started with every input attribute already set.
+The decorator writes each call straight into the trace file: a start record
+before the kernel runs (ids this module makes, the parent, name, time,
+thread, input attributes) and an end record after it. The parent is the
+enclosing kernel call on this thread, else the current OpenTelemetry span
+(the request or batch), so kernel spans nest inside the request traces.
+
+When the provider kernel spans go to has span processors besides the trace
+file's (an application's exporters, an in-memory exporter, in-process OTLP
+export), the ended call is also handed to them, once, as a finished
+`ReadableSpan` built without re-validating its attributes: they see `on_end`
+only, never `on_start`. With sidecar export (the default when this package
+sets tracing up) there is no such processor and the call costs only its two
+records.
 """
 
 from __future__ import annotations
 
+import random
+import threading
 import traceback
+from time import time_ns
 
-from opentelemetry import context as context_api
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace import Event
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from .._version import __version__
 from ..describe.values import safe_str
-from ..schema import ATTRIBUTES_DROPPED
+from ..schema import ATTRIBUTES_DROPPED, LEVEL, NAME, SEQ
 from ..text import utf8
+from . import processor as _processor
+from . import tracefile
 from .attributes import fit
 from .setup import resolve_provider
 
 TRACER_NAME = "sglang_otel_kernels"
+_LOW64 = (1 << 64) - 1
+_STATUS_UNSET, _STATUS_ERROR = 0, 2
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 
-def _attribute_limit(tracer) -> int | None:
-    """The per-span attribute limit the SDK will enforce, or None if unlimited.
-
-    The SDK keeps it on the tracer; a proxy tracer (no provider installed yet)
-    falls back to the limit the standard OTEL_* variables give."""
-    limits = getattr(tracer, "_span_limits", None)
-    if limits is None:
-        try:
-            from opentelemetry.sdk.trace import SpanLimits
-        except ImportError:
-            return None
-        limits = SpanLimits()
-    limit = getattr(limits, "max_span_attributes", None)
+def _attribute_limit() -> int | None:
+    """The per-span attribute limit the SDK applies to its own spans
+    (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT / OTEL_ATTRIBUTE_COUNT_LIMIT), or None."""
+    try:
+        from opentelemetry.sdk.trace import SpanLimits
+    except ImportError:
+        return None
+    limit = getattr(SpanLimits(), "max_span_attributes", None)
     return limit if isinstance(limit, int) and limit >= 0 else None
 
 
@@ -44,72 +59,178 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-def record_failure(span, exc: BaseException) -> None:
-    """Status ERROR and the `exception` event, as the SDK's record_exception
+def exception_event(exc: BaseException) -> dict:
+    """The attributes of an `exception` event, as the SDK's record_exception
     writes them but with every text valid UTF-8: one message holding a file
     name decoded with surrogateescape would make OTLP fail the whole batch."""
-    span.set_status(Status(StatusCode.ERROR, describe_exception(exc)))
     try:
         stacktrace = utf8("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     except Exception:
         stacktrace = ""
-    span.add_event("exception", {"exception.type": type(exc).__name__, "exception.message": safe_str(exc),
-                                 "exception.stacktrace": stacktrace, "exception.escaped": "True"})
+    return {"exception.type": type(exc).__name__, "exception.message": safe_str(exc),
+            "exception.stacktrace": stacktrace, "exception.escaped": "True"}
 
 
-class SpanRecorder:
-    """Starts and ends kernel spans; finds its tracer on the first span, so
-    that importing at level >= 1 sets nothing up until a kernel runs."""
+def record_failure(span, exc: BaseException) -> None:
+    """Status ERROR and the `exception` event on an SDK span (a batch span)."""
+    span.set_status(Status(StatusCode.ERROR, describe_exception(exc)))
+    span.add_event("exception", exception_event(exc))
 
-    def __init__(self, tracer_provider=None) -> None:
+
+class KernelCall:
+    """One call in progress: its ids and what its end record needs."""
+
+    __slots__ = ("name", "trace_id", "span_id", "parent_id", "flags", "start", "attributes", "outer", "writer")
+
+    def __init__(self, name, trace_id, span_id, parent_id, flags, start, attributes, outer, writer) -> None:
+        self.name = name
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent_id = parent_id
+        self.flags = flags
+        self.start = start
+        self.attributes = attributes  # all of the start's, for the processors
+        self.outer = outer  # the kernel call this one runs inside, on this thread
+        self.writer = writer
+
+    def span_context(self) -> SpanContext:
+        return SpanContext(self.trace_id, self.span_id, False,
+                           _SAMPLED if self.flags & tracefile.FLAG_SAMPLED else _NOT_SAMPLED)
+
+
+_thread = threading.local()
+
+
+def current_call() -> "KernelCall | None":
+    """The kernel call running on this thread, if any."""
+    return getattr(_thread, "call", None)
+
+
+class KernelSpans:
+    """Starts and ends kernel spans; finds the provider (and sets tracing up)
+    on the first call, so that importing at level >= 1 sets nothing up until
+    a kernel runs."""
+
+    def __init__(self, tracer_provider=None, sdk: bool = True, blackbox: bool = False) -> None:
         self._configured = tracer_provider
+        self.sdk = sdk  # False: OTEL_SDK_DISABLED, no provider is touched
+        self.provider = None
         self.tracer = None
-        self.limit: int | None = None
-        self.start_room: int | None = None
+        self.deliver = sdk and not blackbox  # hand ended calls to the provider's other processors
+        self.flags = tracefile.FLAG_BLACKBOX if blackbox else 0
+        self.limit = _attribute_limit()
+        self._processors = None  # the provider's multi span processor
+        self._seen: tuple = ()  # its processors when last looked at
+        self._targets = None  # it, when it holds one besides the trace file's
+        self._scope = InstrumentationScope(TRACER_NAME, __version__)
 
     def setup(self):
+        if not self.sdk:
+            self.provider = False  # set up: the trace file alone
+            return None
         provider = resolve_provider(self._configured)
-        tracer = provider.get_tracer(TRACER_NAME, __version__)
-        limit = _attribute_limit(tracer)
-        self.limit = limit
-        # Room left at the start for the result's attributes and the drop count.
-        self.start_room = None if limit is None else max(limit - min(32, limit // 4) - 1, 3)
-        self.tracer = tracer
-        return tracer
+        self.tracer = provider.get_tracer(TRACER_NAME, __version__)
+        # The SDK keeps its processors privately; tests/test_sdk_fields.py
+        # fails loudly if that moves.
+        self._processors = getattr(provider, "_active_span_processor", None) if self.deliver else None
+        self.provider = provider
+        return self.tracer
 
-    def start(self, name: str, attrs: dict):
-        """Starts the span, makes it current, returns (span, context token)."""
-        tracer = self.tracer or self.setup()
-        dropped = 0
-        if self.start_room is not None:
-            attrs, dropped = fit(attrs, self.start_room)
-            if dropped:
-                attrs[ATTRIBUTES_DROPPED] = dropped
-        span = tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
-        token = context_api.attach(trace.set_span_in_context(span))
-        return span, token
+    def _delivery(self):
+        """The multi span processor to hand ended calls to, or None."""
+        processors = self._processors
+        if processors is None:
+            return None
+        present = processors._span_processors
+        if present is not self._seen:
+            self._seen = present
+            self._targets = processors if any(
+                not isinstance(p, _processor.TraceFileProcessor) for p in present) else None
+        return self._targets
 
-    def add(self, span, attrs: dict) -> None:
-        """Sets more attributes, within what the span has room for."""
-        if not attrs or not span.is_recording():
-            return
-        present = getattr(span, "attributes", None)
-        # Past the cheap check only when the span is close to its limit.
-        if self.limit is not None and present is not None and len(present) + len(attrs) >= self.limit:
-            new = {key: value for key, value in attrs.items() if key not in present}
-            room = self.limit - len(present) - 1
-            if len(new) > room:
-                already = present.get(ATTRIBUTES_DROPPED, 0)
-                kept, dropped = fit(new, room)
-                attrs = {key: value for key, value in attrs.items() if key in present or key in kept}
-                attrs[ATTRIBUTES_DROPPED] = already + dropped
-        span.set_attributes(attrs)
+    def start(self, name: str, level: int, seq: int, extra: dict | None,
+              _pack=tracefile.KERNEL_SPAN.pack, _encode=tracefile.encode, _bits=random.getrandbits,
+              _kind=tracefile.ENCODING_KERNEL_SPAN, _current=trace.get_current_span) -> KernelCall:
+        """Writes the start record of a call (its attributes beyond name,
+        level and seq in `extra`) and makes it this thread's current call."""
+        if self.provider is None:
+            self.setup()
+        outer = getattr(_thread, "call", None)
+        if outer is not None:
+            trace_id, parent_id = outer.trace_id, outer.span_id
+            flags = outer.flags & tracefile.FLAG_SAMPLED
+            flags |= flags << 3  # the parent's sampled flag is FLAG_PARENT_SAMPLED
+        else:
+            context = _current().get_span_context()
+            if context.is_valid:
+                trace_id, parent_id = context.trace_id, context.span_id
+                flags = context.trace_flags & 1
+                flags |= flags << 3
+                if context.is_remote:
+                    flags |= tracefile.FLAG_REMOTE_PARENT
+            else:
+                trace_id, parent_id, flags = _bits(128) or 1, 0, tracefile.FLAG_SAMPLED
+        flags |= self.flags
+        span_id = _bits(64) or 1
+        writer = _processor._current
+        start = time_ns()
+        if writer is not None and not writer.failed:
+            thread = threading.get_ident()
+            if thread not in writer.threads:
+                writer.note_thread(thread)
+            symbol = writer.symbol(name)
+            data = b""
+            if not symbol:  # no room in the name table: written inline
+                flags |= tracefile.FLAG_INLINE_NAME
+                data = _encode((name, extra or {}))
+            elif extra:
+                data = _encode(extra)
+            writer.write_record(_kind, _pack(trace_id >> 64, trace_id & _LOW64, span_id, parent_id, start, thread,
+                                             symbol, 0, flags, seq, level) + data)
+        else:
+            writer = None
+        call = KernelCall(name, trace_id, span_id, parent_id, flags, start, None, outer, writer)
+        if self._processors is not None and self._delivery() is not None:
+            attributes = {NAME: name, LEVEL: level, SEQ: seq}
+            if extra:
+                attributes.update(extra)
+            call.attributes = attributes
+        _thread.call = call
+        return call
 
-    fail = staticmethod(record_failure)
+    def end(self, call: KernelCall, added: dict | None = None, events: tuple = (),
+            status: int = _STATUS_UNSET, description: str = "") -> None:
+        """Writes the end record and hands the ended call to the processors."""
+        _thread.call = call.outer
+        end = time_ns()
+        writer = call.writer
+        if writer is not None:
+            if added or events or description:
+                writer.append((tracefile.CALL_END, call.span_id, end, status, description, events, added or {}))
+            else:
+                writer.append_end(call.span_id, end, status)
+        if call.attributes is not None and call.flags & tracefile.FLAG_SAMPLED:
+            self._hand_over(self._targets, call, end, added, events, status, description)
 
-    @staticmethod
-    def end(span, token) -> None:
-        try:
-            span.end()
-        finally:
-            context_api.detach(token)
+    def _hand_over(self, targets, call: KernelCall, end: int, added, events, status: int, description: str) -> None:
+        attributes = call.attributes
+        if added:
+            attributes.update(added)
+        if self.limit is not None and len(attributes) > self.limit:
+            attributes, dropped = fit(attributes, self.limit - 1)
+            attributes[ATTRIBUTES_DROPPED] = dropped
+        flags = call.flags
+        parent = None
+        if call.parent_id:
+            parent = SpanContext(call.trace_id, call.parent_id, bool(flags & tracefile.FLAG_REMOTE_PARENT),
+                                 _SAMPLED if flags & tracefile.FLAG_PARENT_SAMPLED else _NOT_SAMPLED)
+        targets.on_end(_processor.KernelSpan(
+            call.name, context=call.span_context(), parent=parent, resource=self.provider.resource,
+            attributes=attributes, events=tuple(Event(name, attrs, time) for name, time, attrs in events),
+            kind=SpanKind.INTERNAL,
+            status=Status(StatusCode.ERROR, description) if status == _STATUS_ERROR else Status(StatusCode.UNSET),
+            start_time=call.start, end_time=end, instrumentation_scope=self._scope))
+
+    def fail(self, call: KernelCall, exc: BaseException, added: dict | None = None) -> None:
+        self.end(call, added, (("exception", time_ns(), exception_event(exc)),), _STATUS_ERROR,
+                 describe_exception(exc))

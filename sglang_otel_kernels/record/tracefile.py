@@ -24,9 +24,14 @@ Layout (all integers little-endian):
              or FAILURE record), 1: COMPACT_END, the end of a span whose
              attributes did not change and that has no events (span id, end
              time, status); 2 and 3: KERNEL_START / KERNEL_END, a kernel call
-             of the black box, recorded without a span; 4: SPAN_START, the
-             fixed fields of a starting span then its attributes (and links,
-             and its name when it has no symbol) as marshal data
+             of the black box of format 2 (read, no longer written); 4:
+             SPAN_START, the fixed fields of a starting span then its
+             attributes (and links, and its name when it has no symbol) as
+             marshal data; 5: KERNEL_SPAN, a kernel call the decorator
+             writes as a span: SPAN_START's fields less the scope, its call
+             number and level, then (when there are any) its other
+             attributes as marshal data; it ends with a COMPACT_END or a
+             CALL_END record
 
 Span names, instrumentation scopes and black-box kernel names are written once
 as SYMBOL records and referred to by number; thread names once as THREAD
@@ -91,6 +96,7 @@ ENCODING_COMPACT_END = 1
 ENCODING_KERNEL_START = 2
 ENCODING_KERNEL_END = 3
 ENCODING_SPAN_START = 4
+ENCODING_KERNEL_SPAN = 5
 COMPACT_END = struct.Struct("<QqB")  # span id, end time, status code
 # Trace id (high, low), span id, parent span id (0: none), start time,
 # thread, name symbol, scope symbol, kind, flags; marshal data follows.
@@ -100,6 +106,10 @@ FLAG_REMOTE_PARENT = 2
 FLAG_LINKS = 4  # the marshal data is (attributes, links), not attributes alone
 FLAG_PARENT_SAMPLED = 8  # the parent's sampled flag, for a parent-based export sampler
 FLAG_INLINE_NAME = 16  # the marshal data is (name, what it would be without this flag)
+FLAG_BLACKBOX = 32  # a kernel span recorded by the black box (level-1 detail, for the file only)
+# A kernel call as a span: trace id (high, low), span id, parent span id,
+# start time, thread, name symbol, kind, flags, call number, level.
+KERNEL_SPAN = struct.Struct("<QQQQqQIBBQB")
 # Black box: a kernel call recorded without a span. Kernel name symbol, call number,
 # start time, thread, then the trace id (high, low) and span id of the span
 # current around the call (zeros when none).
@@ -122,7 +132,8 @@ END = "E"
 THREAD = "T"  # (THREAD, ident, name)
 SYMBOL = "Y"  # (SYMBOL, number, value): a span name, a (scope name, version) pair or a kernel name
 TABLE = "Z"  # (TABLE, {number: value}, {ident: thread name}): all symbols and threads, after a wrap
-FAILURE = "X"  # (FAILURE, call number, exception type, message): a black-box call that raised
+FAILURE = "X"  # (FAILURE, call number, exception type, message): a black-box call of format 2 that raised
+CALL_END = "F"  # (CALL_END, span id, end time, status, description, events, attributes added at the end)
 
 _writers: "weakref.WeakSet[TraceFileWriter]" = weakref.WeakSet()
 
@@ -323,6 +334,9 @@ class TraceFileWriter:
             self._fd = None
         self._lock = threading.Lock()
         self._forked_from = os.getppid()
+        resource = self.metadata.get("resource")
+        if isinstance(resource, dict):  # the sidecar takes the resource from here: the child's own pid
+            self.metadata["resource"] = dict(resource, **{"process.pid": os.getpid()})
         self.path = None
         self._sequence = 0
         self.symbols = {}

@@ -25,7 +25,8 @@ import zlib
 from typing import Any
 
 from ..record import tracefile as fmt
-from ..schema import BLACKBOX, IN_FLIGHT, NAME, SEQ
+from .._version import __version__
+from ..schema import BLACKBOX, IN_FLIGHT, LEVEL, NAME, SEQ
 from ..text import utf8
 
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
@@ -46,6 +47,9 @@ MALFORMED = ("malformed",)
 _BLACKBOX_SPAN_TAG = 0xB1AC << 48
 _END_FIELDS = 8
 _MAX_UNSURE = 1 << 16
+# The scope of the kernel spans the decorator writes (record/spans.py's tracer).
+KERNEL_SCOPE = ("sglang_otel_kernels", __version__)
+_KERNEL_SCOPE = -1
 
 
 class TraceFileError(Exception):
@@ -299,6 +303,8 @@ def _content(payload: bytes, encoding: int):
         return (_KERNEL_END, *fields) if fields[1] >= 0 else None
     if encoding == fmt.ENCODING_SPAN_START:
         return _span_start(payload)
+    if encoding == fmt.ENCODING_KERNEL_SPAN:
+        return _kernel_span(payload)
     if encoding != fmt.ENCODING_MARSHAL:
         return None
     record = _unmarshal(payload)
@@ -307,6 +313,8 @@ def _content(payload: bytes, encoding: int):
     kind = record[0]
     if kind == fmt.END and len(record) == _END_FIELDS:
         return _end(record)
+    if kind == fmt.CALL_END and len(record) == 7:
+        return _call_end(record)
     if kind == fmt.THREAD and len(record) == 3 and _is_u64(record[1]) and type(record[2]) is str:
         return (fmt.THREAD, record[1], utf8(record[2]))
     if kind == fmt.SYMBOL and len(record) == 3 and type(record[1]) is int:
@@ -438,6 +446,42 @@ def _span_start(payload: bytes):
             flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED))
 
 
+def _kernel_span(payload: bytes):
+    """A kernel call's start, as a _SPAN_START tuple whose scope is
+    _KERNEL_SCOPE: its name goes first among its attributes when it is made."""
+    fixed = fmt.KERNEL_SPAN
+    if len(payload) < fixed.size:
+        return None
+    high, low, span_id, parent_id, start, thread, name, kind, flags, seq, level = fixed.unpack_from(payload)
+    if start < 0 or kind > 4:
+        return None
+    attributes: "dict | None" = {LEVEL: level, SEQ: seq}
+    if flags & fmt.FLAG_BLACKBOX:
+        attributes[BLACKBOX] = True
+    if len(payload) > fixed.size:
+        data = _unmarshal(payload[fixed.size :])
+        if flags & fmt.FLAG_INLINE_NAME:
+            if not (type(data) is tuple and len(data) == 2 and type(data[0]) is str):
+                return None
+            name, data = utf8(data[0]), data[1]
+        extra = _attributes(data)
+        if extra is None:
+            return None
+        attributes.update(extra)
+    return (_SPAN_START, (high << 64) | low, span_id, parent_id, name, kind, start, thread, _KERNEL_SCOPE, attributes,
+            (), flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED))
+
+
+def _call_end(record: tuple) -> "tuple | None":
+    _, span_id, end_time, status, description, events, attributes = record
+    if not (_is_u64(span_id) and _is_time(end_time) and type(status) is int and type(description) is str):
+        return None
+    events, attributes = _events(events), _attributes(attributes)
+    if events is None or attributes is None:
+        return None
+    return (fmt.CALL_END, span_id, end_time, status, utf8(description), events, attributes)
+
+
 def _end(record: tuple) -> "tuple | None":
     _, trace_id, span_id, end_time, status, description, events, attributes = record
     if not (type(trace_id) is int and 0 <= trace_id < 1 << 128 and _is_u64(span_id) and _is_time(end_time)
@@ -473,7 +517,7 @@ class Assembler:
         if kind == _SPAN_START:
             self.starts[record[2]] = record
             self.last_time = max(self.last_time, record[6])
-        elif kind in (fmt.END, _COMPACT_END):
+        elif kind in (fmt.END, _COMPACT_END, fmt.CALL_END):
             span_id, end_time = (record[2], record[3]) if kind == fmt.END else (record[1], record[2])
             self.last_time = max(self.last_time, end_time)
             start = self.starts.pop(span_id, None) or self.unsure.pop(("s", span_id), None)
@@ -565,17 +609,25 @@ def _span(start: tuple, end: tuple | None, threads: dict[int, str], symbols: dic
     (_, trace_id, span_id, parent_id, name, kind, start_time, thread, scope_number,
      attributes, links, flags, parent_remote, parent_sampled) = start
     name = _name(symbols, name)
-    scope = symbols.get(scope_number)
-    if not (isinstance(scope, tuple) and len(scope) == 2):
-        scope = ("", "")
-    scope, scope_version = str(scope[0]), str(scope[1])
-    attributes = dict(attributes)
+    if scope_number == _KERNEL_SCOPE:
+        scope, scope_version = KERNEL_SCOPE
+        attributes = {NAME: name, **attributes}
+    else:
+        scope = symbols.get(scope_number)
+        if not (isinstance(scope, tuple) and len(scope) == 2):
+            scope = ("", "")
+        scope, scope_version = str(scope[0]), str(scope[1])
+        attributes = dict(attributes)
     events: tuple = ()
     if end is None:
         end_time, status_name, description = None, "ERROR", IN_FLIGHT_DESCRIPTION
         attributes[IN_FLIGHT] = True
     elif end[0] == _COMPACT_END:
         end_time, status_name, description = end[2], STATUS_NAMES.get(end[3], "UNSET"), ""
+    elif end[0] == fmt.CALL_END:
+        _, _, end_time, status, description, events, added = end
+        status_name = STATUS_NAMES.get(status, "UNSET")
+        attributes.update(added)
     else:
         _, _, _, end_time, status, description, events, attributes = end
         status_name = STATUS_NAMES.get(status, "UNSET")

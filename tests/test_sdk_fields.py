@@ -1,0 +1,39 @@
+"""The SDK internals the recorder relies on, checked one by one: if an SDK
+release moves one, this fails with its name, not a silent loss of records."""
+
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.trace import Link, SpanKind
+
+from sglang_otel_kernels.record.processor import TraceFileProcessor
+
+
+def test_span_fields_read_by_the_trace_file_processor():
+    provider = TracerProvider()
+    tracer = provider.get_tracer("t", "1")
+    with tracer.start_as_current_span("parent") as parent:
+        span = tracer.start_span("s", attributes={"a": 1}, links=[Link(parent.get_span_context(), {"l": 1})])
+        span.add_event("e", {"x": 1})
+        span.end()
+    assert span._context is span.get_span_context()
+    assert span._parent == parent.get_span_context()
+    assert type(span._attributes) is BoundedAttributes and span._attributes._dict == {"a": 1}
+    assert isinstance(span._events, BoundedList) and [e.name for e in span._events._dq] == ["e"]
+    assert isinstance(span._links, BoundedList) and len(span._links._dq) == 1
+    assert (span._name, span._kind._value_) == ("s", SpanKind.INTERNAL.value)
+    assert span._start_time <= span._end_time
+    assert span._instrumentation_scope.name == "t"
+    assert span._status.status_code._value_ == 0
+
+
+def test_provider_fields_used_to_hand_kernel_spans_to_its_processors():
+    provider = TracerProvider()
+    provider.add_span_processor(TraceFileProcessor())
+    processors = provider._active_span_processor
+    assert isinstance(processors._span_processors, tuple)
+    assert [type(p) for p in processors._span_processors] == [TraceFileProcessor]
+    before = processors._span_processors
+    provider.add_span_processor(TraceFileProcessor())
+    assert processors._span_processors is not before  # a new tuple: a change is seen by identity
+    processors.on_end(ReadableSpan("x"))  # and it takes a finished span
