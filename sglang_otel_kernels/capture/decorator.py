@@ -29,7 +29,7 @@ from ..record import attributes as _attrs
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.processor import set_writer
 from ..record.setup import make_writer
-from ..record.spans import TRACER_NAME, KernelCall, KernelSpans, current_call
+from ..record.spans import TRACER_NAME, KernelSpans, call_context, current_call
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
@@ -56,6 +56,9 @@ class _Runtime:
         # Arguments are described (and, at level 5, their statistics computed)
         # only for a reader: the text log, or a span's attributes.
         self.describes_arguments = self.text.enabled or self.span_arguments
+        # Calls of sites up to this level need their span alone: nothing to
+        # describe, log or dump (-1: none; level 10 always dumps).
+        self.bare_upto = -1 if self.text.enabled or self.spans is None else 9 if not self.span_arguments else 2
         # The same trace-file settings keep the same file: a new writer would
         # start the file afresh and lose what it holds.
         self.trace_file_key = (cfg.level > 0, cfg.spans, cfg.blackbox, cfg.trace_file, cfg.trace_file_size,
@@ -121,17 +124,10 @@ def _trace_ids(context, span_key: str) -> dict:
     return {"trace_id": f"{context.trace_id:032x}", span_key: f"{context.span_id:016x}"}
 
 
-class _Call:
-    __slots__ = ("span", "attributes", "inputs_nonfinite", "dump")
-
-    def __init__(self, span: "KernelCall | None", attributes: "dict | None", inputs_nonfinite: list,
-                 dump: str | None = None) -> None:
-        self.span = span
-        self.attributes = attributes  # the input attributes, when spans carry them
-        self.inputs_nonfinite = inputs_nonfinite
-        self.dump = dump  # level 10: the directory holding the call's inputs
-
-
+# A call in progress, as the decorator keeps it: (the span's call tuple or
+# None, the input attributes when spans carry them, the input paths holding
+# NaN/Inf, the level-10 dump directory or None). A tuple: made once per call.
+_Call = tuple
 class KernelSite:
     """One decorated function: its name and level, fixed at decoration time."""
 
@@ -187,7 +183,7 @@ class KernelSite:
         nonfinite: list = []
         spans = runtime.spans
         if spans is None:
-            return _Call(None, None, nonfinite, dump)
+            return (None, None, nonfinite, dump)
         attrs = None
         if dump is not None:
             attrs = {schema.DUMP_DIR: dump}
@@ -203,19 +199,19 @@ class KernelSite:
                 _attrs.add_value(attrs, path, node, self.with_stats, nonfinite)
             if nonfinite:
                 self._set_flags(attrs, nonfinite)
-        return _Call(spans.start(self.name, self.level, seq, attrs), attrs, nonfinite, dump)
+        return (spans.start(self.name, self.level, seq, attrs), attrs, nonfinite, dump)
 
     def _dump_inputs(self, runtime: _Runtime, positional: tuple, kwargs: dict) -> tuple[str | None, str | None]:
         if is_graph_capturing("cuda"):
             return None, SKIPPED_CAPTURE
         outer = current_call()
-        parent = outer.span_context() if outer is not None else trace.get_current_span().get_span_context()
+        parent = call_context(outer) if outer is not None else trace.get_current_span().get_span_context()
         context = _trace_ids(parent, "parent_span_id")
         return runtime.dumps.save_inputs(self.name, self.function, self.on_object, positional, kwargs, context)
 
     @staticmethod
     def _span_ids(call: _Call) -> dict:
-        return _trace_ids(call.span.span_context(), "span_id") if call.span is not None else {}
+        return _trace_ids(call_context(call[0]), "span_id") if call[0] is not None else {}
 
     def _set_flags(self, attrs: dict, nonfinite: list) -> None:
         attrs[schema.NONFINITE] = tuple(nonfinite)
@@ -225,42 +221,43 @@ class KernelSite:
     def finish(self, call: _Call | None, result: Any) -> None:
         if call is None:
             return
+        span, _, _, dump = call
         added: dict | None = None
         events: tuple = ()
         try:
             runtime = _runtime
-            dumped = call.dump is not None and runtime.dumps.save_outputs(call.dump, result, self._span_ids(call))
+            dumped = dump is not None and runtime.dumps.save_outputs(dump, result, self._span_ids(call))
             if self.with_args and runtime.describes_arguments:
                 node = describe(result)
                 if self.with_stats:
                     fill_statistics(tensors_in([node]))
                 if runtime.text.enabled:
-                    lines = [f"Dumped outputs to: {call.dump}"] if dumped else []
+                    lines = [f"Dumped outputs to: {dump}"] if dumped else []
                     runtime.text.write_lines(lines + section_lines("Output:", [("return", node)], self.with_stats))
-                if call.span is not None and runtime.span_arguments:
+                if span is not None and runtime.span_arguments:
                     added, events = self._output(call, node)
         except Exception as exc:
             _warn_once(f"recording the result of {self.name}", exc)
-        finally:
-            if call.span is not None:
-                try:
-                    _runtime.spans.end(call.span, added, events)
-                except Exception as exc:
-                    _warn_once(f"recording the end of {self.name}", exc)
+        if span is not None:
+            try:
+                _runtime.spans.end(span, added, events)
+            except Exception as exc:
+                _warn_once(f"recording the end of {self.name}", exc)
 
     def _output(self, call: _Call, node) -> tuple[dict, tuple]:
         """The attributes the result adds, and the `nonfinite_output` event when
         it holds the first NaN/Inf."""
+        _, inputs, inputs_nonfinite, _ = call
         outputs_nonfinite: list = []
         attrs: dict = {}
         _attrs.add_value(attrs, "output", node, self.with_stats, outputs_nonfinite)
         events: tuple = ()
         if outputs_nonfinite:
-            present = dict(call.attributes or {}, **attrs)
-            self._set_flags(present, call.inputs_nonfinite + outputs_nonfinite)
+            present = dict(inputs or {}, **attrs)
+            self._set_flags(present, inputs_nonfinite + outputs_nonfinite)
             for key in (schema.NONFINITE, schema.HAS_NAN, schema.HAS_INF):
                 attrs[key] = present[key]
-            if not call.inputs_nonfinite:
+            if not inputs_nonfinite:
                 events = (("nonfinite_output", time_ns(), {schema.NONFINITE: tuple(outputs_nonfinite)}),)
         return attrs, events
 
@@ -268,17 +265,18 @@ class KernelSite:
         if call is None:
             return
         runtime = _runtime
-        if call.dump is not None:
-            runtime.dumps.save_exception(call.dump, exc, self._span_ids(call))
+        span, _, _, dump = call
+        if dump is not None:
+            runtime.dumps.save_exception(dump, exc, self._span_ids(call))
         try:
             if isinstance(exc, Exception) and runtime.text.enabled:
                 # SGLang logs Exception subclasses only (not KeyboardInterrupt, SystemExit).
                 runtime.text.write_lines([exception_line(self.name, exc)])
         except Exception as inner:
             _warn_once(f"logging the exception of {self.name}", inner)
-        if call.span is not None:
+        if span is not None:
             try:
-                runtime.spans.fail(call.span, exc)
+                runtime.spans.fail(span, exc)
             except Exception as inner:
                 _warn_once(f"recording the exception of {self.name}", inner)
 
@@ -290,6 +288,26 @@ def _wrap(func: F, name: str, level: int) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             return func(*args, **kwargs)
+        runtime = _runtime
+        if level <= runtime.bare_upto:
+            # The span alone (level 1 without a text log, the black box): no
+            # description, so none of the general path's layers.
+            spans = runtime.spans
+            try:
+                span = spans.start(name, level, next(_call_numbers), None)
+            except Exception as exc:
+                _warn_once(f"recording the start of {name}", exc)
+                return func(*args, **kwargs)
+            try:
+                result = func(*args, **kwargs)
+            except BaseException as exc:
+                site.fail((span, None, None, None), exc)
+                raise
+            try:
+                spans.end(span)
+            except Exception as exc:
+                _warn_once(f"recording the end of {name}", exc)
+            return result
         call = site.begin(args, kwargs)
         try:
             result = func(*args, **kwargs)

@@ -77,33 +77,28 @@ def record_failure(span, exc: BaseException) -> None:
     span.add_event("exception", exception_event(exc))
 
 
-class KernelCall:
-    """One call in progress: its ids and what its end record needs."""
+# A call in progress is a tuple (the cheapest object to make, twice per call):
+# (trace id, span id, flags, start time, the call it runs inside on this
+# thread, the trace-file writer or None, name, parent span id, its attributes
+# when it will be handed to processors, else None).
+TRACE_ID, SPAN_ID, FLAGS, START, OUTER, WRITER, NAME_, PARENT_ID, ATTRIBUTES = range(9)
 
-    __slots__ = ("name", "trace_id", "span_id", "parent_id", "flags", "start", "attributes", "outer", "writer")
-
-    def __init__(self, name, trace_id, span_id, parent_id, flags, start, attributes, outer, writer) -> None:
-        self.name = name
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.parent_id = parent_id
-        self.flags = flags
-        self.start = start
-        self.attributes = attributes  # all of the start's, for the processors
-        self.outer = outer  # the kernel call this one runs inside, on this thread
-        self.writer = writer
-
-    def span_context(self) -> SpanContext:
-        return SpanContext(self.trace_id, self.span_id, False,
-                           _SAMPLED if self.flags & tracefile.FLAG_SAMPLED else _NOT_SAMPLED)
+class _ThreadState(threading.local):
+    call = None  # the kernel call running on this thread
 
 
-_thread = threading.local()
+_thread = _ThreadState()
 
 
-def current_call() -> "KernelCall | None":
+def current_call() -> "tuple | None":
     """The kernel call running on this thread, if any."""
-    return getattr(_thread, "call", None)
+    return _thread.call
+
+
+def call_context(call: tuple) -> SpanContext:
+    """The SpanContext of a call in progress."""
+    return SpanContext(call[TRACE_ID], call[SPAN_ID], False,
+                       _SAMPLED if call[FLAGS] & tracefile.FLAG_SAMPLED else _NOT_SAMPLED)
 
 
 class KernelSpans:
@@ -150,87 +145,87 @@ class KernelSpans:
 
     def start(self, name: str, level: int, seq: int, extra: dict | None,
               _pack=tracefile.KERNEL_SPAN.pack, _encode=tracefile.encode, _bits=random.getrandbits,
-              _kind=tracefile.ENCODING_KERNEL_SPAN, _current=trace.get_current_span) -> KernelCall:
+              _kind=tracefile.ENCODING_KERNEL_SPAN, _current=trace.get_current_span, _ident=threading.get_ident,
+              _now=time_ns, _local=_thread) -> tuple:
         """Writes the start record of a call (its attributes beyond name,
-        level and seq in `extra`) and makes it this thread's current call."""
+        level and seq in `extra`) and makes it this thread's current call.
+        It runs once per kernel call: the defaults bind what it needs as locals."""
         if self.provider is None:
             self.setup()
-        outer = getattr(_thread, "call", None)
+        outer = _local.call
         if outer is not None:
-            trace_id, parent_id = outer.trace_id, outer.span_id
-            flags = outer.flags & tracefile.FLAG_SAMPLED
-            flags |= flags << 3  # the parent's sampled flag is FLAG_PARENT_SAMPLED
+            trace_id, parent_id = outer[0], outer[1]
+            flags = (outer[2] & 1) * 9  # sampled, and so is the parent (FLAG_PARENT_SAMPLED)
         else:
             context = _current().get_span_context()
-            if context.is_valid:
-                trace_id, parent_id = context.trace_id, context.span_id
-                flags = context.trace_flags & 1
-                flags |= flags << 3
+            trace_id = context.trace_id
+            if trace_id:
+                parent_id = context.span_id
+                flags = (context.trace_flags & 1) * 9
                 if context.is_remote:
-                    flags |= tracefile.FLAG_REMOTE_PARENT
+                    flags |= 2  # FLAG_REMOTE_PARENT
             else:
-                trace_id, parent_id, flags = _bits(128) or 1, 0, tracefile.FLAG_SAMPLED
+                trace_id, parent_id, flags = _bits(128) or 1, 0, 1
         flags |= self.flags
         span_id = _bits(64) or 1
         writer = _processor._current
-        start = time_ns()
+        start = _now()
         if writer is not None and not writer.failed:
-            thread = threading.get_ident()
+            thread = _ident()
             if thread not in writer.threads:
                 writer.note_thread(thread)
-            symbol = writer.symbol(name)
-            data = b""
+            symbol = writer.symbols.get(name) or writer.symbol(name)
             if not symbol:  # no room in the name table: written inline
                 flags |= tracefile.FLAG_INLINE_NAME
-                data = _encode((name, extra or {}))
-            elif extra:
-                data = _encode(extra)
+                extra = (name, extra or {})
             writer.write_record(_kind, _pack(trace_id >> 64, trace_id & _LOW64, span_id, parent_id, start, thread,
-                                             symbol, 0, flags, seq, level) + data)
+                                             symbol, 0, flags, seq, level) + (_encode(extra) if extra else b""))
         else:
             writer = None
-        call = KernelCall(name, trace_id, span_id, parent_id, flags, start, None, outer, writer)
-        if self._processors is not None and self._delivery() is not None:
+        attributes = None
+        processors = self._processors
+        if processors is not None and (self._targets if processors._span_processors is self._seen
+                                       else self._delivery()) is not None:
             attributes = {NAME: name, LEVEL: level, SEQ: seq}
             if extra:
-                attributes.update(extra)
-            call.attributes = attributes
-        _thread.call = call
+                attributes.update(extra[1] if flags & tracefile.FLAG_INLINE_NAME else extra)
+        call = _local.call = (trace_id, span_id, flags, start, outer, writer, name, parent_id, attributes)
         return call
 
-    def end(self, call: KernelCall, added: dict | None = None, events: tuple = (),
-            status: int = _STATUS_UNSET, description: str = "") -> None:
+    def end(self, call: tuple, added: dict | None = None, events: tuple = (),
+            status: int = _STATUS_UNSET, description: str = "", _now=time_ns, _local=_thread,
+            _compact=tracefile.COMPACT_END.pack, _encoding=tracefile.ENCODING_COMPACT_END) -> None:
         """Writes the end record and hands the ended call to the processors."""
-        _thread.call = call.outer
-        end = time_ns()
-        writer = call.writer
+        _local.call = call[4]
+        end = _now()
+        writer = call[5]
         if writer is not None:
             if added or events or description:
-                writer.append((tracefile.CALL_END, call.span_id, end, status, description, events, added or {}))
-            else:
-                writer.append_end(call.span_id, end, status)
-        if call.attributes is not None and call.flags & tracefile.FLAG_SAMPLED:
+                writer.append((tracefile.CALL_END, call[1], end, status, description, events, added or {}))
+            elif not writer.failed:
+                writer.write_record(_encoding, _compact(call[1], end, status))
+        if call[8] is not None and call[2] & 1:
             self._hand_over(self._targets, call, end, added, events, status, description)
 
-    def _hand_over(self, targets, call: KernelCall, end: int, added, events, status: int, description: str) -> None:
-        attributes = call.attributes
+    def _hand_over(self, targets, call: tuple, end: int, added, events, status: int, description: str) -> None:
+        attributes = call[ATTRIBUTES]
         if added:
             attributes.update(added)
         if self.limit is not None and len(attributes) > self.limit:
             attributes, dropped = fit(attributes, self.limit - 1)
             attributes[ATTRIBUTES_DROPPED] = dropped
-        flags = call.flags
+        flags = call[FLAGS]
         parent = None
-        if call.parent_id:
-            parent = SpanContext(call.trace_id, call.parent_id, bool(flags & tracefile.FLAG_REMOTE_PARENT),
+        if call[PARENT_ID]:
+            parent = SpanContext(call[TRACE_ID], call[PARENT_ID], bool(flags & tracefile.FLAG_REMOTE_PARENT),
                                  _SAMPLED if flags & tracefile.FLAG_PARENT_SAMPLED else _NOT_SAMPLED)
         targets.on_end(_processor.KernelSpan(
-            call.name, context=call.span_context(), parent=parent, resource=self.provider.resource,
+            call[NAME_], context=call_context(call), parent=parent, resource=self.provider.resource,
             attributes=attributes, events=tuple(Event(name, attrs, time) for name, time, attrs in events),
             kind=SpanKind.INTERNAL,
             status=Status(StatusCode.ERROR, description) if status == _STATUS_ERROR else Status(StatusCode.UNSET),
-            start_time=call.start, end_time=end, instrumentation_scope=self._scope))
+            start_time=call[START], end_time=end, instrumentation_scope=self._scope))
 
-    def fail(self, call: KernelCall, exc: BaseException, added: dict | None = None) -> None:
+    def fail(self, call: tuple, exc: BaseException, added: dict | None = None) -> None:
         self.end(call, added, (("exception", time_ns(), exception_event(exc)),), _STATUS_ERROR,
                  describe_exception(exc))

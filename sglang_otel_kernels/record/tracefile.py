@@ -91,6 +91,7 @@ WRITTEN = struct.Struct("<Q")
 WRITTEN_STEP = 1 << 16  # the high-water mark moves in steps: one header write per 64 KiB of records
 RECORD_MAGIC = 0x524B4F53  # b"SOKR"
 RECORD_HEADER = struct.Struct("<IIQII")
+_RECORD_HEADER_SIZE = RECORD_HEADER.size
 ENCODING_MARSHAL = 0
 ENCODING_COMPACT_END = 1
 ENCODING_KERNEL_START = 2
@@ -410,22 +411,18 @@ class TraceFileWriter:
         published high-water mark, is copied inline."""
         length = len(payload)
         crc = _crc(payload)
-        lock = self._lock
-        lock.acquire()
-        try:
+        with self._lock:
             offset = self._offset
-            end = offset + ((RECORD_HEADER.size + length + ALIGN - 1) & -ALIGN)
+            end = offset + ((_RECORD_HEADER_SIZE + length + ALIGN - 1) & -ALIGN)
             view = self._view
             if view is None or end > self._written or self.fsync:
                 if self._ready():
                     self._put(encoding, payload)
                 return
-            sequence = self._sequence = self._sequence + 1
+            self._sequence = sequence = self._sequence + 1
             start = HEADER_SIZE + offset
-            view[start : start + RECORD_HEADER.size + length] = _pack(RECORD_MAGIC, length, sequence, crc, encoding) + payload
+            view[start : start + _RECORD_HEADER_SIZE + length] = _pack(RECORD_MAGIC, length, sequence, crc, encoding) + payload
             self._offset = end
-        finally:
-            lock.release()
 
     def _ready(self) -> bool:
         # With the lock held: the file is created on the first record.
