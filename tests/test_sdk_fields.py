@@ -37,3 +37,12 @@ def test_provider_fields_used_to_hand_kernel_spans_to_its_processors():
     provider.add_span_processor(TraceFileProcessor())
     assert processors._span_processors is not before  # a new tuple: a change is seen by identity
     processors.on_end(ReadableSpan("x"))  # and it takes a finished span
+
+
+def test_span_context_is_the_tuple_the_kernel_path_unpacks():
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    context = SpanContext(7, 9, True, TraceFlags(1))
+    trace_id, span_id, remote, flags, _, valid = context
+    assert (trace_id, span_id, remote, flags, valid) == (7, 9, True, 1, True)
+    assert tuple(SpanContext(0, 0, False))[5] is False

@@ -157,12 +157,12 @@ class KernelSpans:
             trace_id, parent_id = outer[0], outer[1]
             flags = (outer[2] & 1) * 9  # sampled, and so is the parent (FLAG_PARENT_SAMPLED)
         else:
-            context = _current().get_span_context()
-            trace_id = context.trace_id
-            if trace_id:
-                parent_id = context.span_id
-                flags = (context.trace_flags & 1) * 9
-                if context.is_remote:
+            # SpanContext is a tuple (trace id, span id, is remote, flags, state,
+            # is valid): unpacked at once, its properties cost 45 ns each.
+            trace_id, parent_id, remote, trace_flags, _, valid = _current().get_span_context()
+            if valid:
+                flags = (trace_flags & 1) * 9
+                if remote:
                     flags |= 2  # FLAG_REMOTE_PARENT
             else:
                 trace_id, parent_id, flags = _bits(128) or 1, 0, 1

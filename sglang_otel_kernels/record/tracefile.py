@@ -197,6 +197,9 @@ class TraceFileWriter:
         self._view: memoryview | None = None
         self._offset = 0
         self._written = 0  # the high-water mark published in the header
+        # Where a record may end and still be copied inline by write_record:
+        # the high-water mark; -1 while there is no mapping, or with fsync.
+        self._inline_end = -1
         self._sequence = 0
         self.wraps = 0
         # Written once each (and again in the TABLE after each wrap); read
@@ -242,6 +245,7 @@ class TraceFileWriter:
         self.path = path
         self._offset = 0
         self._written = 0
+        self._inline_end = -1
         if path != wanted:
             warn(f"{wanted} is being written by another live process; this process ({pid}) writes {path}")
         if self.on_open is not None:
@@ -327,6 +331,7 @@ class TraceFileWriter:
         # descriptor shares the parent's lock: closing this copy keeps it.
         self._view = None
         self._map = None
+        self._inline_end = -1
         if self._fd is not None:
             try:
                 os.close(self._fd)
@@ -352,6 +357,7 @@ class TraceFileWriter:
             self._closed = True
             view, mapped, fd = self._view, self._map, self._fd
             self._view = self._map = self._fd = None
+            self._inline_end = -1
         if view is not None:
             view.release()
         if mapped is not None:
@@ -414,14 +420,13 @@ class TraceFileWriter:
         with self._lock:
             offset = self._offset
             end = offset + ((_RECORD_HEADER_SIZE + length + ALIGN - 1) & -ALIGN)
-            view = self._view
-            if view is None or end > self._written or self.fsync:
+            if end > self._inline_end:
                 if self._ready():
                     self._put(encoding, payload)
                 return
             self._sequence = sequence = self._sequence + 1
             start = HEADER_SIZE + offset
-            view[start : start + _RECORD_HEADER_SIZE + length] = _pack(RECORD_MAGIC, length, sequence, crc, encoding) + payload
+            self._view[start : start + _RECORD_HEADER_SIZE + length] = _pack(RECORD_MAGIC, length, sequence, crc, encoding) + payload
             self._offset = end
 
     def _ready(self) -> bool:
@@ -447,6 +452,8 @@ class TraceFileWriter:
             # Raised before the record lands, so the header always covers it.
             self._written = min(self.capacity, (offset + padded + WRITTEN_STEP - 1) // WRITTEN_STEP * WRITTEN_STEP)
             WRITTEN.pack_into(self._view, WRITTEN_OFFSET, self._written)
+            if not self.fsync:
+                self._inline_end = self._written
         sequence = self._sequence = self._sequence + 1
         start = HEADER_SIZE + offset
         self._view[start : start + size] = _pack(RECORD_MAGIC, length, sequence, _crc(payload), encoding) + payload
@@ -507,7 +514,7 @@ def _rotate(path: str, mtime: float) -> None:
     if os.path.isfile(old_traceback) and not os.path.islink(old_traceback):
         if _link_new(old_traceback, traceback_path(aside)):
             _remove(old_traceback)
-    warn(f"an earlier run's trace file was at {path}; it is kept as {aside}")
+    warn(f"a trace file that no live process writes (an earlier run's) was at {path}; it is kept as {aside}")
 
 
 def encode(record, _dumps=marshal.dumps) -> bytes:
