@@ -1,6 +1,6 @@
 """Following a live trace file and exporting its spans as they end
 (`sglang-otel-kernels follow FILE`): OTLP export done by another process. In
-sidecar mode (SGLANG_KERNEL_API_EXPORT_SIDECAR=1) the application starts one
+sidecar mode (the default with an OTLP endpoint) the application starts one
 per trace file, so encoding and sending spans costs the application nothing,
 and when the application dies the sidecar exports the calls that were in
 flight at once, marked as such.
