@@ -18,6 +18,11 @@ read their settings at import:
   no-text     ours, SGLANG_KERNEL_API_LOGDEST=off: span + trace file + OTLP
   *-inprocess full and no-text with SGLANG_KERNEL_API_EXPORT_SIDECAR=0: the
               OTLP export by a batch exporter in the process
+  app         no text, in an application that installed its own
+              TracerProvider with a batch OTLP exporter (as SGLang's
+              --enable-trace does): kernel spans handed to its exporter
+  app-sidecar the same with SGLANG_KERNEL_API_EXPORT_SIDECAR=kernels: kernel
+              spans exported by the sidecar instead
 
 on small tensors as a decode step has (4x4096 and 4096 float32) at levels
 1, 3 and 5, plus a bare call and a bare OpenTelemetry span; and at level 5 on
@@ -58,7 +63,15 @@ if mode == "sglang":
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     fn = module.debug_kernel_api(kernel)
-elif mode.startswith(("text-only", "full", "no-text")):
+elif mode.startswith(("text-only", "full", "no-text", "app")):
+    if mode.startswith("app"):
+        from opentelemetry import trace
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(provider)
     import sglang_otel_kernels as sok
     fn = sok.debug_kernel_api(kernel)
 elif mode == "span":
@@ -91,10 +104,12 @@ def environment(mode: str, level: int, workdir: str, logger: str, endpoint: str)
                SGLANG_KERNEL_API_TRACEFILE=os.path.join(workdir, "trace_%i.sgltrace"))
     if mode == "text-only":
         env.update(OTEL_SDK_DISABLED="true", SGLANG_KERNEL_API_TRACEFILE="off")
-    if mode.startswith(("full", "no-text")):
+    if mode.startswith(("full", "no-text", "app")):
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_INSECURE="true")
-    if mode.startswith("no-text"):
+    if mode.startswith(("no-text", "app")):
         env["SGLANG_KERNEL_API_LOGDEST"] = "off"
+    if mode == "app-sidecar":
+        env["SGLANG_KERNEL_API_EXPORT_SIDECAR"] = "kernels"
     if mode.endswith("-inprocess"):
         env["SGLANG_KERNEL_API_EXPORT_SIDECAR"] = "0"
     return env
@@ -128,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = {}
         for level in (1, 3, 5):
             rows[level] = {mode: measure(mode, level)
-                           for mode in ("sglang", "text-only", "full", "full-inprocess", "no-text", "no-text-inprocess")}
+                           for mode in ("sglang", "text-only", "full", "full-inprocess", "no-text", "no-text-inprocess",
+                                        "app", "app-sidecar")}
         large = {
             "sglang L5": measure("sglang", 5, "large"),
             "text-only L5": measure("text-only", 5, "large"),

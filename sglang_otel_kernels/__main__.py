@@ -161,7 +161,8 @@ def _follow(options) -> int:
         raise _Failure(str(exc)) from None
     try:
         sent, in_flight, dropped = follow(options.file, exporter, alive=parent_watch(options.pid),
-                                          interval=options.interval, wait_s=options.wait)
+                                          interval=options.interval, wait_s=options.wait,
+                                          kernels_only=options.kernels_only)
     except TraceFileError as exc:
         raise _Failure(str(exc)) from None
     except KeyboardInterrupt:
@@ -254,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc")
     follow.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the back end (default 10)")
     follow.add_argument("--interval", type=float, default=0.2, help="seconds between polls of the file (default 0.2)")
+    follow.add_argument("--kernels-only", action="store_true",
+                        help="export only kernel spans that ended (the application exports its own), "
+                             "and every span in flight when the process ends")
     follow.add_argument("--wait", type=float, default=60.0,
                         help="seconds to wait for the file to appear (default 60)")
     follow.set_defaults(handler=_follow)

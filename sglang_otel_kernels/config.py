@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 LEVELS = (0, 1, 3, 5, 10)
 OFF = "off"
+KERNELS = "kernels"
 DEFAULT_TRACE_FILE = "sglang_kernel_trace_%i.sgltrace"
 DEFAULT_TRACE_FILE_SIZE = 16 * 1024 * 1024
 MIN_TRACE_FILE_SIZE = 64 * 1024
@@ -58,7 +59,9 @@ class KernelTraceConfig:
     export_sidecar: OTLP export by a separate process that follows the trace
         file (`sglang-otel-kernels follow`), started with it, instead of by an
         exporter in this process (the default; False exports in-process).
-        Applies to the provider this package creates.
+        Applies to the provider this package creates; "kernels" also has the
+        sidecar export the kernel spans of an application's own provider
+        (not handed to its processors then), its own spans staying with it.
     """
 
     level: int = 0
@@ -75,7 +78,7 @@ class KernelTraceConfig:
     dump_exclude: tuple = ()
     dump_max_bytes: int = DEFAULT_DUMP_MAX_BYTES
     dump_max_count: int = DEFAULT_DUMP_MAX_COUNT
-    export_sidecar: bool = True
+    export_sidecar: "bool | str" = True
 
 
 def parse_level(raw: str) -> int:
@@ -124,6 +127,11 @@ def parse_count(text: str) -> int:
 def parse_patterns(text: str) -> tuple:
     """SGLang's comma-separated fnmatch patterns; blanks are ignored."""
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def parse_sidecar(text: str) -> "bool | str":
+    """SGLANG_KERNEL_API_EXPORT_SIDECAR: a flag, or `kernels`."""
+    return KERNELS if text.strip().lower() == KERNELS else parse_flag(text)
 
 
 def parse_flag(text: str) -> bool:
@@ -176,7 +184,7 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         dump_exclude=parse_patterns(environ.get("SGLANG_KERNEL_API_DUMP_EXCLUDE", "")),
         dump_max_bytes=_from_env(environ, "SGLANG_KERNEL_API_DUMP_MAX_BYTES", parse_bytes, DEFAULT_DUMP_MAX_BYTES),
         dump_max_count=_from_env(environ, "SGLANG_KERNEL_API_DUMP_MAX_COUNT", parse_count, DEFAULT_DUMP_MAX_COUNT),
-        export_sidecar=_from_env(environ, "SGLANG_KERNEL_API_EXPORT_SIDECAR", parse_flag, True),
+        export_sidecar=_from_env(environ, "SGLANG_KERNEL_API_EXPORT_SIDECAR", parse_sidecar, True),
     )
 
 
@@ -218,7 +226,7 @@ def configure(
     dump_exclude: "tuple[str, ...] | list[str] | None" = None,
     dump_max_bytes: int | None = None,
     dump_max_count: int | None = None,
-    export_sidecar: bool | None = None,
+    export_sidecar: "bool | str | None" = None,
 ) -> KernelTraceConfig:
     """Change the settings in code; arguments left out keep their value
     (`tracer_provider=None` goes back to the global provider).
@@ -272,7 +280,9 @@ def configure(
                 raise ValueError(f"{name} must be an int >= 0; got {limit!r}")
             changes[name] = limit
     if export_sidecar is not None:
-        changes["export_sidecar"] = bool(export_sidecar)
+        if isinstance(export_sidecar, str) and export_sidecar != KERNELS:
+            raise ValueError(f"export_sidecar must be True, False or {KERNELS!r}; got {export_sidecar!r}")
+        changes["export_sidecar"] = export_sidecar if export_sidecar == KERNELS else bool(export_sidecar)
     _config = dataclasses.replace(_config, **changes)
     # The decorator's runtime follows the settings (and sets tracing up at
     # once); it is loaded on first use because it needs torch, which reading

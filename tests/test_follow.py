@@ -225,3 +225,53 @@ def test_follow_command_errors(tmp_path):
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = env_before
     assert main(["follow", str(tmp_path / "junk"), "--endpoint", "http://127.0.0.1:9", "--pid", "1"]) == 2
     assert main(["follow", str(tmp_path / "never"), "--endpoint", "http://127.0.0.1:9", "--wait", "0.3"]) == 2
+
+
+APP_WITH_PROVIDER = """
+import sys, torch
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+provider = TracerProvider()
+provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1], insecure=True)))
+trace.set_tracer_provider(provider)  # the application's own, as SGLang's --enable-trace installs
+import sglang_otel_kernels as sok
+step = sok.debug_kernel_api(op_name="sglang.custom_op.step")(lambda x: x + 1)
+with trace.get_tracer("app").start_as_current_span("request"):
+    for _ in range(5):
+        step(torch.ones(2))
+provider.shutdown()
+"""
+
+
+@pytest.mark.parametrize("sidecar", ["1", "kernels"])
+def test_an_application_provider_gets_kernel_spans_or_leaves_them_to_the_sidecar(tmp_path, receiver, sidecar):
+    """The application exports to its own back end; OTEL_EXPORTER_OTLP_ENDPOINT (the sidecar's) is
+    another receiver: where the kernel spans land says who sent them."""
+    application = GrpcReceiver()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR=sidecar,
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
+               OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
+    try:
+        proc = subprocess.run([sys.executable, "-c", APP_WITH_PROVIDER, application.endpoint], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _followers(tmp_path):
+            time.sleep(0.1)
+        assert _followers(tmp_path) == []
+        own = application.wait_for(lambda got: len(got) >= (6 if sidecar == "1" else 1))
+        time.sleep(0.5)
+        by_sidecar = receiver.spans
+    finally:
+        application.stop()
+    [request] = [s for s in own if s["name"] == "request"]
+    kernels = [s for s in own + by_sidecar if s["name"] == "sglang.custom_op.step"]
+    assert len(kernels) == 5 and len(own) + len(by_sidecar) == 6  # each span once
+    assert all(k["trace_id"] == request["trace_id"] and k["parent_span_id"] == request["span_id"] for k in kernels)
+    if sidecar == "1":  # handed to the application's processors, no sidecar
+        assert by_sidecar == []
+    else:  # exported by the sidecar, the application's request span by the application alone
+        assert [s["name"] for s in own] == ["request"] and len(by_sidecar) == 5

@@ -64,6 +64,15 @@ def resolve_provider(configured):
     return provider
 
 
+def sidecar_takes_kernel_spans(provider) -> bool:
+    """Whether the sidecar exports the kernel spans of an application's own
+    provider (SGLANG_KERNEL_API_EXPORT_SIDECAR=kernels) instead of its
+    processors: it needs the trace file and an endpoint of its own."""
+    cfg = _config.get_config()
+    return (cfg.export_sidecar == _config.KERNELS and provider not in _own_providers
+            and cfg.trace_file != _config.OFF and export.otlp_endpoint() is not None)
+
+
 def own_provider() -> SDKTracerProvider:
     """Samples everything, so the trace file keeps every call; OTLP export, when
     an endpoint is set, samples by OTEL_TRACES_SAMPLER on its own."""
@@ -151,6 +160,9 @@ def _no_sidecar() -> None:
     providers = [provider for provider in _own_providers if provider is trace.get_tracer_provider()]
     if providers:
         warn("without a trace file there is no export sidecar: spans are exported from this process")
+    elif sidecar_takes_kernel_spans(trace.get_tracer_provider()):
+        warn("without a trace file there is no export sidecar: kernel spans are not exported "
+             "(SGLANG_KERNEL_API_EXPORT_SIDECAR=1 hands them to the application's exporters)")
     for provider in providers:
         _export_in_process(provider)
 
@@ -161,15 +173,18 @@ def _start_sidecar(trace_path: str) -> None:
     exported what the application left); it exits after this process does."""
     if export.otlp_endpoint() is None:
         return  # nothing to export to
+    command = ["follow", trace_path, "--pid", str(os.getpid())]
     if not any(provider is trace.get_tracer_provider() for provider in _own_providers):
-        return  # the application's own provider exports in its process
+        if not sidecar_takes_kernel_spans(trace.get_tracer_provider()):
+            return  # the application's own provider exports in its process
+        command.append("--kernels-only")  # the application exports its own spans
     # Not `-m sglang_otel_kernels`: that searches the working directory
     # first, where another `sglang_otel_kernels/` would run instead. The
     # sidecar imports this very package, from where it was loaded.
     code = f"import sys; sys.path[0] = {_PACKAGE_ROOT!r}; from sglang_otel_kernels.__main__ import main; sys.exit(main())"
     try:
         subprocess.Popen(
-            [sys.executable, "-c", code, "follow", trace_path, "--pid", str(os.getpid())],
+            [sys.executable, "-c", code, *command],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
         )
     except OSError as exc:

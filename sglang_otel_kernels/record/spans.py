@@ -34,7 +34,7 @@ from ..text import utf8
 from . import processor as _processor
 from . import tracefile
 from .attributes import fit
-from .setup import resolve_provider
+from .setup import resolve_provider, sidecar_takes_kernel_spans
 
 TRACER_NAME = "sglang_otel_kernels"
 _LOW64 = (1 << 64) - 1
@@ -127,7 +127,8 @@ class KernelSpans:
         self.tracer = provider.get_tracer(TRACER_NAME, __version__)
         # The SDK keeps its processors privately; tests/test_sdk_fields.py
         # fails loudly if that moves.
-        self._processors = getattr(provider, "_active_span_processor", None) if self.deliver else None
+        deliver = self.deliver and not sidecar_takes_kernel_spans(provider)
+        self._processors = getattr(provider, "_active_span_processor", None) if deliver else None
         self.provider = provider
         return self.tracer
 

@@ -19,6 +19,7 @@ from ..notices import warn
 from ..record.export import ExportSampler
 from .otlp_json import resource_attributes
 from ..record import tracefile as fmt
+from ..schema import NAME
 from .reader import GAP, Assembler, TraceFileError, map_trace_file, read_header, record_at, scan, with_gaps
 from .replay import BATCH, readable
 
@@ -112,12 +113,15 @@ def parent_watch(pid: int | None) -> Callable[[], bool]:
 
 
 def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lambda: True,
-           interval: float = 0.2, wait_s: float = 60.0) -> tuple[int, int, int]:
+           interval: float = 0.2, wait_s: float = 60.0, kernels_only: bool = False) -> tuple[int, int, int]:
     """Exports the spans of the file at `path` as they end until `alive()`
     turns false, then those still in flight (status ERROR, in flight), and
     returns (spans sent, of which in flight, spans dropped). OTEL_TRACES_SAMPLER
     chooses the spans that ended, as it does in the application; calls in
-    flight when the process ended are the crash and always go."""
+    flight when the process ended are the crash and always go. With
+    `kernels_only` the ended spans of the application (which exports them
+    itself) are left out; its spans in flight at the end, never exported by
+    it, still go."""
     deadline = time.monotonic() + wait_s
     while not os.path.exists(path):  # the writer creates it on its first record
         if not alive():
@@ -138,7 +142,10 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lam
             for record in follower.poll():
                 pair = assembler.add(record)
                 if pair is not None:
-                    span = readable(assembler.span(*pair), resource, assembler.last_time)
+                    recovered = assembler.span(*pair)
+                    if kernels_only and NAME not in recovered.attributes:
+                        continue
+                    span = readable(recovered, resource, assembler.last_time)
                     if sampler.keep(span):
                         pending.append(span)
             in_flight = []
