@@ -86,10 +86,12 @@ def sglang_tree(tmp_path_factory):
     return tree, wheel
 
 
-def launch(tree, tmp_path, script: str, *run_options: str) -> subprocess.CompletedProcess:
+def launch(tree, tmp_path, script: str, *run_options: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    settings = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
     env.update(PYTHONPATH=str(tree), SGLANG_KERNEL_API_LOGDEST=str(tmp_path / "kernels.log"),
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"))
+    env.update(settings)
     (tmp_path / "app.py").write_text(textwrap.dedent(script))
     return subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "run", *run_options, "--",
                            sys.executable, str(tmp_path / "app.py")],
@@ -179,3 +181,20 @@ def test_install_and_uninstall_in_process(sglang_tree, monkeypatch):
         integration.uninstall()
     assert sglang_logging.debug_kernel_api is not decorator.debug_kernel_api
     assert sglang_logging.debug_kernel_api.__module__ == "sglang.kernels.kernel_api_logging"
+
+
+@pytest.mark.parametrize("destination", ["off", "kernels.log"])
+def test_sglangs_logger_leaves_no_file_of_its_own(sglang_tree, tmp_path, destination):
+    tree, _ = sglang_tree
+    proc = launch(tree, tmp_path, """
+        import os, torch
+        from sglang.srt.layers import norm
+        norm.rmsnorm(torch.ones(2, 8), torch.ones(8))
+        print(sorted(os.listdir(".")))
+    """, "--level", "1", env={"SGLANG_KERNEL_API_LOGDEST": destination})
+    assert proc.returncode == 0, proc.stderr
+    # SGLang's module opens its logger's file at import (`off` would be a file named "off"):
+    # only our own files are there, the text log only when one was asked for.
+    expected = {"app.py"} | ({"kernels.log"} if destination == "kernels.log" else set())
+    files = set(os.listdir(tmp_path)) - {name for name in os.listdir(tmp_path) if ".sgltrace" in name}
+    assert files == expected

@@ -1,6 +1,7 @@
 """Run a callback right after a module is imported (or now, if it already is),
 so that a library's functions can be replaced before anything imports them by
-name. Torch-free: hooks can be set before torch or the target is imported."""
+name; or right before its code runs, to change what it sees while it runs.
+Torch-free: hooks can be set before torch or the target is imported."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Callable
 
 _lock = threading.RLock()
 _hooks: dict[str, list[Callable]] = {}
+_before: dict[str, list[Callable[[], Callable[[], None]]]] = {}
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -19,7 +21,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     with the other finders and wraps its loader so the hooks run after it."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _hooks:
+        if fullname not in _hooks and fullname not in _before:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -40,7 +42,14 @@ class _Loader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
-        self._loader.exec_module(module)
+        with _lock:
+            before = list(_before.get(module.__name__, ()))
+        undo = [callback() for callback in before]
+        try:
+            self._loader.exec_module(module)
+        finally:
+            for restore in reversed(undo):
+                restore()
         _run(module.__name__, module)
 
     def __getattr__(self, name):  # get_source, is_package, ... of the real loader
@@ -60,20 +69,32 @@ def _run(name: str, module) -> None:
 def when_imported(name: str, callback: Callable) -> Callable[[], None]:
     """Calls `callback(module)` once `name` is imported (at once if it is);
     returns a function that removes the hook."""
-    with _lock:
-        _hooks.setdefault(name, []).append(callback)
-        if _finder not in sys.meta_path:
-            sys.meta_path.insert(0, _finder)
+    remove = _add(_hooks, name, callback)
     module = sys.modules.get(name)
     if module is not None:
         callback(module)
+    return remove
+
+
+def before_import(name: str, callback: Callable[[], Callable[[], None]]) -> Callable[[], None]:
+    """Calls `callback()` right before the code of module `name` runs, and the
+    function it returns right after (nothing if the module is imported
+    already); returns a function that removes the hook."""
+    return _add(_before, name, callback)
+
+
+def _add(table: dict, name: str, callback: Callable) -> Callable[[], None]:
+    with _lock:
+        table.setdefault(name, []).append(callback)
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
 
     def remove() -> None:
         with _lock:
-            callbacks = _hooks.get(name, [])
+            callbacks = table.get(name, [])
             if callback in callbacks:
                 callbacks.remove(callback)
             if not callbacks:
-                _hooks.pop(name, None)
+                table.pop(name, None)
 
     return remove

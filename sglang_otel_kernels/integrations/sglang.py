@@ -16,8 +16,9 @@ spawned scheduler and worker processes included).
 from __future__ import annotations
 
 import functools
+import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from .. import config as _config
 from ..capture import import_hooks
@@ -28,6 +29,7 @@ LOGGING_MODULE = "sglang.kernels.kernel_api_logging"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 NAMES = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
 BATCH_SPAN = "sglang.forward_batch"
+LOGDEST = "SGLANG_KERNEL_API_LOGDEST"
 
 _installed: Instrumentation | None = None
 
@@ -39,6 +41,7 @@ def install() -> Instrumentation:
     if _installed is not None and _installed.active:
         return _installed
     handle = Instrumentation("sglang")
+    handle.on_undo(import_hooks.before_import(LOGGING_MODULE, _no_logger_file))
     handle.on_undo(import_hooks.when_imported(LOGGING_MODULE, functools.partial(_patch_logging, handle)))
     handle.on_undo(import_hooks.when_imported(SCHEDULER_MODULE, functools.partial(_patch_scheduler, handle)))
     _installed = handle
@@ -48,6 +51,23 @@ def install() -> Instrumentation:
 def uninstall() -> None:
     if _installed is not None:
         _installed.undo()
+
+
+def _no_logger_file() -> Callable[[], None]:
+    """SGLang's module opens its logger's destination when it is imported: a
+    file for anything but stdout/stderr (a file named `off` for ours). Its
+    functions are replaced right after, so that logger never writes: while
+    the module runs it is given stderr to open instead, then the variable is
+    put back."""
+    previous = os.environ.get(LOGDEST)
+    if previous is None or previous.strip() in ("stdout", "stderr"):
+        return lambda: None
+    os.environ[LOGDEST] = "stderr"
+
+    def restore() -> None:
+        os.environ[LOGDEST] = previous
+
+    return restore
 
 
 def _patch_logging(handle: Instrumentation, module: Any) -> None:
