@@ -198,3 +198,30 @@ def test_sglangs_logger_leaves_no_file_of_its_own(sglang_tree, tmp_path, destina
     expected = {"app.py"} | ({"kernels.log"} if destination == "kernels.log" else set())
     files = set(os.listdir(tmp_path)) - {name for name in os.listdir(tmp_path) if ".sgltrace" in name}
     assert files == expected
+
+
+def test_spans_of_a_provider_installed_before_the_first_kernel_are_in_the_trace_file(sglang_tree, tmp_path):
+    """SGLang's process_tracing_init installs its provider and starts thread and request spans
+    before any kernel runs (as a stand-in here: the same OpenTelemetry calls)."""
+    tree, _ = sglang_tree
+    proc = launch(tree, tmp_path, """
+        import torch
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        trace.set_tracer_provider(TracerProvider())
+        tracer = trace.get_tracer("sglang")
+        thread_span = tracer.start_span("Scheduler thread")
+        with tracer.start_as_current_span("Req 1a2b3c4d"):
+            pass
+        from sglang.srt.layers import norm
+        import sglang_otel_kernels as sok
+        with tracer.start_as_current_span("prefill_forward"):
+            norm.rmsnorm(torch.ones(2, 8), torch.ones(8))
+        thread_span.end()
+        print(sok.trace_file_path())
+    """, "--level", "1")
+    assert proc.returncode == 0, proc.stderr
+    contents = sok.read_trace_file(proc.stdout.strip().splitlines()[-1])
+    assert [s.name for s in contents.spans] == ["Scheduler thread", "Req 1a2b3c4d", "prefill_forward",
+                                                "srt.layers.norm.rmsnorm"]
+    assert contents.problems == []

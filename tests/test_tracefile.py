@@ -119,7 +119,7 @@ def test_torn_and_damaged_records_are_skipped(traced, tmp_path):
     contents = sok.read_trace_file(path)
     assert contents.skipped == 3
     assert "3 record(s) torn" in contents.problems[0]
-    assert "1 span end(s) whose start was overwritten" in contents.problems[1]
+    assert "1 span end(s) whose start is not in the file" in contents.problems[1]
     # Call 4 started before the break in the records that call 6's lost start
     # makes: its end may be what was lost, so it is no call in flight.
     assert "1 span start(s) from before a break" in contents.problems[2]
@@ -399,3 +399,18 @@ def test_a_file_configured_later_still_gets_the_resource(record, provider, tmp_p
         contents = sok.read_trace_file(tmp_path / f"{name}.sgltrace")
         assert contents.metadata["resource"] == dict(provider.resource.attributes)
         assert len(contents.spans) == 1
+
+
+def test_threads_that_reuse_an_ident_keep_their_own_names(traced, tmp_path):
+    traced(level=1)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda: None)
+    names = ["loader-a", "loader-b", "loader-c"]
+    idents = set()
+    for name in names:  # one after the other: Python hands a finished thread's ident to the next
+        thread = threading.Thread(target=kernel, name=name)
+        thread.start()
+        thread.join()
+        idents.add(thread.ident)
+    spans = sok.read_trace(trace_path(tmp_path))
+    assert [s.thread_name for s in spans] == names
+    assert len({s.thread_id for s in spans}) == len(idents)

@@ -40,6 +40,9 @@ def install() -> Instrumentation:
     global _installed
     if _installed is not None and _installed.active:
         return _installed
+    from ..record.setup import watch_global_provider
+
+    watch_global_provider()  # SGLang's own spans recorded from its process_tracing_init on
     handle = Instrumentation("sglang")
     handle.on_undo(import_hooks.before_import(LOGGING_MODULE, _no_logger_file))
     handle.on_undo(import_hooks.when_imported(LOGGING_MODULE, functools.partial(_patch_logging, handle)))

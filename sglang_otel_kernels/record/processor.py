@@ -107,7 +107,7 @@ class TraceFileProcessor(SpanProcessor):
             span_id = context.span_id
             parent = span._parent
             thread = get_ident()
-            if thread not in writer.threads:
+            if tracefile.noted.writer is not writer:
                 writer.note_thread(thread)
             attributes = _plain(span._attributes)
             unchanged = self._unchanged

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import importlib
 import os
 import socket
 import stat
@@ -31,6 +32,7 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 _attached: "weakref.WeakSet" = weakref.WeakSet()
 _own_providers: "weakref.WeakSet" = weakref.WeakSet()
 _warned_foreign = False
+_watching = False
 _faulthandler_file = None
 
 
@@ -71,6 +73,31 @@ def sidecar_takes_kernel_spans(provider) -> bool:
     cfg = _config.get_config()
     return (cfg.export_sidecar == _config.KERNELS and provider not in _own_providers
             and cfg.trace_file != _config.OFF and export.otlp_endpoint() is not None)
+
+
+def watch_global_provider() -> None:
+    """From now on, a provider the application installs as the global one
+    (SGLang's process_tracing_init does) gets the trace file attached at
+    once, so that its spans are recorded from then on, not from the first
+    kernel. Wraps `opentelemetry.trace.set_tracer_provider`, once."""
+    global _watching
+    if _watching:
+        return
+    _watching = True
+    original = trace.set_tracer_provider
+
+    @functools.wraps(original)
+    def set_tracer_provider(tracer_provider) -> None:
+        original(tracer_provider)
+        if _config.get_config().level > 0:
+            try:
+                # The writer lives with the decorator's runtime: loaded now, not at the first kernel.
+                importlib.import_module(f"{__package__.rpartition('.')[0]}.capture.decorator")
+                attach_trace_file(trace.get_tracer_provider())
+            except Exception as exc:
+                warn(f"trace file not attached to the new TracerProvider ({type(exc).__name__}: {exc})")
+
+    trace.set_tracer_provider = set_tracer_provider
 
 
 def own_provider() -> SDKTracerProvider:

@@ -147,7 +147,7 @@ class KernelSpans:
     def start(self, name: str, level: int, seq: int, extra: dict | None,
               _pack=tracefile.KERNEL_SPAN.pack, _encode=tracefile.encode, _bits=random.getrandbits,
               _kind=tracefile.ENCODING_KERNEL_SPAN, _current=trace.get_current_span, _ident=threading.get_ident,
-              _now=time_ns, _local=_thread) -> tuple:
+              _now=time_ns, _local=_thread, _noted=tracefile.noted) -> tuple:
         """Writes the start record of a call (its attributes beyond name,
         level and seq in `extra`) and makes it this thread's current call.
         It runs once per kernel call: the defaults bind what it needs as locals."""
@@ -173,7 +173,7 @@ class KernelSpans:
         start = _now()
         if writer is not None and not writer.failed:
             thread = _ident()
-            if thread not in writer.threads:
+            if _noted.writer is not writer:
                 writer.note_thread(thread)
             symbol = writer.symbols.get(name) or writer.symbol(name)
             if not symbol:  # no room in the name table: written inline

@@ -139,6 +139,16 @@ CALL_END = "F"  # (CALL_END, span id, end time, status, description, events, att
 _writers: "weakref.WeakSet[TraceFileWriter]" = weakref.WeakSet()
 
 
+class _ThreadNoted(threading.local):
+    """The writer that has this thread's name. Per thread object, not per
+    ident: Python reuses the ident of a thread that ended for a new one."""
+
+    writer = None
+
+
+noted = _ThreadNoted()
+
+
 def resolve_path(template: str, pid: int) -> str:
     """The path a process writes: `%i` becomes the pid."""
     if "%i" in template:
@@ -399,12 +409,14 @@ class TraceFileWriter:
         return number or 0
 
     def note_thread(self, ident: int) -> None:
-        """Writes the calling thread's name, once (while it is among the
-        newest `max_threads` threads seen)."""
-        if ident not in self.threads:
-            name = threading.current_thread().name[:THREAD_NAME_LENGTH]
-            with self._lock:
-                if ident not in self.threads and self._ready():
+        """Writes the calling thread's name, once per thread (callers check
+        `noted.writer is not writer` first), keeping the newest `max_threads`."""
+        name = threading.current_thread().name[:THREAD_NAME_LENGTH]
+        with self._lock:
+            if self._ready():
+                noted.writer = self
+                if self.threads.get(ident) != name:
+                    self.threads.pop(ident, None)
                     if len(self.threads) >= self.max_threads:
                         del self.threads[next(iter(self.threads))]
                     self.threads[ident] = name
@@ -541,6 +553,7 @@ def _marshal_with_reprs(value):
 
 
 def _after_fork_in_child() -> None:
+    noted.writer = None  # the forking thread, now the child's only one, names itself in the child's file
     for writer in list(_writers):
         writer.after_fork_in_child()
 

@@ -191,7 +191,8 @@ def _parse(path: str, data) -> TraceFileContents:
         problems.append(f"{malformed} record(s) with a valid checksum but malformed content were ignored")
     spans, last_time, assembler = _assemble(with_gaps(entries))
     if assembler.orphans:
-        problems.append(f"{assembler.orphans} span end(s) whose start was overwritten by newer records were left out")
+        problems.append(f"{assembler.orphans} span end(s) whose start is not in the file (overwritten by newer "
+                        "records, or begun before recording did) were left out")
     if assembler.unsure:
         problems.append(f"{len(assembler.unsure)} span start(s) from before a break in the ring, whose end may have "
                         "been overwritten, were left out (not counted as in flight)")
@@ -586,10 +587,21 @@ class Assembler:
 
 def _assemble(records: list[tuple]) -> "tuple[list[RecoveredSpan], int, Assembler]":
     """All spans of a file, ended and in flight, in start order; the newest
-    time; the assembler (what it left out)."""
+    time; the assembler (what it left out). Name symbols are learnt first
+    (their numbers never change in a file, and a TABLE after a wrap names
+    records older than it); thread names as they come, since a thread's
+    ident is reused by later threads, and spans are made as they end."""
     assembler = Assembler()
-    pairs = [pair for pair in map(assembler.add, records) if pair is not None]
-    spans = [assembler.span(start, end) for start, end in pairs] + assembler.in_flight()
+    for record in records:
+        if record[0] == fmt.SYMBOL:
+            assembler.symbols[record[1]] = record[2]
+        elif record[0] == fmt.TABLE:
+            assembler.symbols.update(record[1])
+    spans = [assembler.span(*pair) for pair in map(assembler.add, records) if pair is not None]
+    spans += assembler.in_flight()
+    for span in spans:
+        if span.thread_name is None:  # its THREAD record overwritten: the newest table's name
+            span.thread_name = assembler.threads.get(span.thread_id)
     spans.sort(key=lambda span: span.start_time)
     return spans, max([assembler.last_time] + [s.end_time or s.start_time for s in spans]), assembler
 
