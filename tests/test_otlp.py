@@ -185,3 +185,55 @@ def test_second_configure_and_fork_export_each_span_once(tmp_path, sidecar):
     assert len(pids) == 2  # the child reports its own pid
     files = sorted(tmp_path.glob("t_*.sgltrace"))
     assert sorted(len(sok.read_trace(f)) for f in files) == [2, 3]
+
+
+HAND_OVER = """
+import sys, torch, sglang_otel_kernels as sok
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+sok.configure(level=1, log_dest="off")  # tracing set up first: this package's provider is the global one
+step = sok.debug_kernel_api(op_name="sglang.custom_op.step")(lambda x: x + 1)
+step(torch.ones(2))  # before the application's provider: the sidecar's (or in-memory) business
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1], insecure=True)))
+trace.set_tracer_provider(provider)  # then the application installs its own, as SGLang does
+assert trace.get_tracer_provider() is provider
+with trace.get_tracer("app").start_as_current_span("request"):
+    for _ in range(3):
+        step(torch.ones(2))
+print(sok.trace_file_path())
+"""
+
+
+@pytest.mark.parametrize("sidecar", ["1", "0"])
+def test_an_application_provider_installed_after_ours_takes_its_place(tmp_path, sidecar):
+    application, ours = GrpcReceiver(), GrpcReceiver()
+    try:
+        env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=ours.endpoint, SGLANG_KERNEL_API_EXPORT_SIDECAR=sidecar,
+                        SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t_%i.sgltrace"))
+        proc = subprocess.run([sys.executable, "-c", HAND_OVER, application.endpoint], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "Overriding of current TracerProvider is not allowed" not in proc.stderr
+        own = application.wait_for(lambda got: len(got) >= 1)
+        time.sleep(2.0)  # the sidecar's last poll, and nothing twice
+        own, by_us = application.spans, ours.spans
+    finally:
+        application.stop()
+        ours.stop()
+    names = lambda spans: sorted(s["name"] for s in spans)  # noqa: E731
+    # The application exports its own span; the kernel calls inside it go, once each, to the
+    # application's exporter, or (a sidecar already following the file) to the sidecar.
+    if sidecar == "1":
+        assert names(own) == ["request"]
+        assert names(by_us) == ["sglang.custom_op.step"] * 4
+    else:
+        assert names(own) == ["request"] + ["sglang.custom_op.step"] * 3
+        assert names(by_us) == ["sglang.custom_op.step"]  # the call before the hand-over, by our exporter
+    [request] = [s for s in own if s["name"] == "request"]
+    inside = [s for s in own + by_us if s["parent_span_id"] == request["span_id"]]
+    assert len(inside) == 3
+    spans = sok.read_trace(proc.stdout.strip().splitlines()[-1])
+    assert names([{"name": s.name} for s in spans]) == ["request"] + ["sglang.custom_op.step"] * 4

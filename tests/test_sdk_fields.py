@@ -46,3 +46,13 @@ def test_span_context_is_the_tuple_the_kernel_path_unpacks():
     trace_id, span_id, remote, flags, _, valid = context
     assert (trace_id, span_id, remote, flags, valid) == (7, 9, True, 1, True)
     assert tuple(SpanContext(0, 0, False))[5] is False
+
+
+def test_the_global_provider_guard_a_hand_over_resets():
+    from opentelemetry import trace
+
+    assert type(trace._TRACER_PROVIDER_SET_ONCE).__name__ == "Once"
+    assert hasattr(trace._TRACER_PROVIDER_SET_ONCE, "do_once") and hasattr(trace, "_TRACER_PROVIDER")
+    fresh = type(trace._TRACER_PROVIDER_SET_ONCE)()
+    ran = []
+    assert fresh.do_once(lambda: ran.append(1)) and ran == [1]

@@ -33,6 +33,9 @@ _attached: "weakref.WeakSet" = weakref.WeakSet()
 _own_providers: "weakref.WeakSet" = weakref.WeakSet()
 _warned_foreign = False
 _watching = False
+_recorders: "weakref.WeakSet" = weakref.WeakSet()
+# The trace files a sidecar of this process follows: path -> kernels only.
+_sidecars: dict = {}
 _faulthandler_file = None
 
 
@@ -60,6 +63,7 @@ def resolve_provider(configured):
     if provider is None:
         provider = trace.get_tracer_provider()
         if isinstance(provider, trace.ProxyTracerProvider):
+            watch_global_provider()  # so that an application's provider installed later takes ours' place
             trace.set_tracer_provider(own_provider())
             provider = trace.get_tracer_provider()
     attach_trace_file(provider)
@@ -70,16 +74,23 @@ def sidecar_takes_kernel_spans(provider) -> bool:
     """Whether the sidecar exports the kernel spans of an application's own
     provider (SGLANG_KERNEL_API_EXPORT_SIDECAR=kernels) instead of its
     processors: it needs the trace file and an endpoint of its own."""
+    if provider in _own_providers:
+        return False
+    writer = processor.current_writer()
+    if writer is not None and writer.path in _sidecars:
+        return True  # a sidecar already follows the file: kernel spans are its
     cfg = _config.get_config()
-    return (cfg.export_sidecar == _config.KERNELS and provider not in _own_providers
-            and cfg.trace_file != _config.OFF and export.otlp_endpoint() is not None)
+    return cfg.export_sidecar == _config.KERNELS and cfg.trace_file != _config.OFF and export.otlp_endpoint() is not None
 
 
 def watch_global_provider() -> None:
     """From now on, a provider the application installs as the global one
     (SGLang's process_tracing_init does) gets the trace file attached at
     once, so that its spans are recorded from then on, not from the first
-    kernel. Wraps `opentelemetry.trace.set_tracer_provider`, once."""
+    kernel; and if the global one is the provider this package installed
+    (tracing was set up before the application's), the application's takes
+    its place: ours is a default, never a reason to refuse the application's.
+    Wraps `opentelemetry.trace.set_tracer_provider`, once."""
     global _watching
     if _watching:
         return
@@ -88,7 +99,16 @@ def watch_global_provider() -> None:
 
     @functools.wraps(original)
     def set_tracer_provider(tracer_provider) -> None:
+        current = trace.get_tracer_provider()
+        handing_over = current in _own_providers and tracer_provider is not current
+        if handing_over:
+            # OpenTelemetry sets the global provider once; its guard is
+            # private (tests/test_sdk_fields.py pins it).
+            trace._TRACER_PROVIDER_SET_ONCE = type(trace._TRACER_PROVIDER_SET_ONCE)()
+            trace._TRACER_PROVIDER = None
         original(tracer_provider)
+        if handing_over:
+            _handed_over()
         if _config.get_config().level > 0:
             try:
                 # The writer lives with the decorator's runtime: loaded now, not at the first kernel.
@@ -98,6 +118,24 @@ def watch_global_provider() -> None:
                 warn(f"trace file not attached to the new TracerProvider ({type(exc).__name__}: {exc})")
 
     trace.set_tracer_provider = set_tracer_provider
+
+
+def _handed_over() -> None:
+    """After the application's provider replaced ours: kernel spans go to it
+    from the next call on; a sidecar already following the trace file (it
+    exports everything) now exports kernel spans only, as the application
+    exports its own, and kernel spans are left to it."""
+    writer = processor.current_writer()
+    if writer is not None and writer.path in _sidecars:
+        writer.append((tracefile.MODE, tracefile.MODE_KERNELS_ONLY))
+        _sidecars[writer.path] = True
+    for recorder in list(_recorders):
+        recorder.provider = recorder.tracer = None
+
+
+def track(recorder) -> None:
+    """A kernel-span recorder to re-point when the global provider changes."""
+    _recorders.add(recorder)
 
 
 def own_provider() -> SDKTracerProvider:
@@ -201,7 +239,8 @@ def _start_sidecar(trace_path: str) -> None:
     if export.otlp_endpoint() is None:
         return  # nothing to export to
     command = ["follow", trace_path, "--pid", str(os.getpid())]
-    if not any(provider is trace.get_tracer_provider() for provider in _own_providers):
+    kernels_only = not any(provider is trace.get_tracer_provider() for provider in _own_providers)
+    if kernels_only:
         if not sidecar_takes_kernel_spans(trace.get_tracer_provider()):
             return  # the application's own provider exports in its process
         command.append("--kernels-only")  # the application exports its own spans
@@ -214,6 +253,7 @@ def _start_sidecar(trace_path: str) -> None:
             [sys.executable, "-c", code, *command],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
         )
+        _sidecars[trace_path] = kernels_only
     except OSError as exc:
         warn(f"cannot start the export sidecar ({exc}); spans stay in the trace file "
              "(sglang-otel-kernels replay sends them later)")

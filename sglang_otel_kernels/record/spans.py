@@ -34,7 +34,7 @@ from ..text import utf8
 from . import processor as _processor
 from . import tracefile
 from .attributes import fit
-from .setup import resolve_provider, sidecar_takes_kernel_spans
+from .setup import resolve_provider, sidecar_takes_kernel_spans, track
 
 TRACER_NAME = "sglang_otel_kernels"
 _LOW64 = (1 << 64) - 1
@@ -123,6 +123,7 @@ class KernelSpans:
         if not self.sdk:
             self.provider = False  # set up: the trace file alone
             return None
+        track(self)
         provider = resolve_provider(self._configured)
         self.tracer = provider.get_tracer(TRACER_NAME, __version__)
         # The SDK keeps its processors privately; tests/test_sdk_fields.py

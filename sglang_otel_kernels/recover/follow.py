@@ -119,9 +119,10 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lam
     returns (spans sent, of which in flight, spans dropped). OTEL_TRACES_SAMPLER
     chooses the spans that ended, as it does in the application; calls in
     flight when the process ended are the crash and always go. With
-    `kernels_only` the ended spans of the application (which exports them
-    itself) are left out; its spans in flight at the end, never exported by
-    it, still go."""
+    `kernels_only` (or from a MODE record on: the application installed its
+    own provider after this package's) the ended spans of the application,
+    which exports them itself, are left out; its spans in flight at the end,
+    never exported by it, still go."""
     deadline = time.monotonic() + wait_s
     while not os.path.exists(path):  # the writer creates it on its first record
         if not alive():
@@ -140,6 +141,9 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lam
         while True:
             running = alive()  # asked before the poll, so that the last poll sees the last records
             for record in follower.poll():
+                if record[0] == fmt.MODE:
+                    kernels_only = kernels_only or record[1] == fmt.MODE_KERNELS_ONLY
+                    continue
                 pair = assembler.add(record)
                 if pair is not None:
                     recovered = assembler.span(*pair)

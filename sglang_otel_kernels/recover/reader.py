@@ -316,6 +316,8 @@ def _content(payload: bytes, encoding: int):
         return _end(record)
     if kind == fmt.CALL_END and len(record) == 7:
         return _call_end(record)
+    if kind == fmt.MODE and len(record) == 2 and type(record[1]) is str:
+        return record
     if kind == fmt.THREAD and len(record) == 3 and _is_u64(record[1]) and type(record[2]) is str:
         return (fmt.THREAD, record[1], utf8(record[2]))
     if kind == fmt.SYMBOL and len(record) == 3 and type(record[1]) is int:
