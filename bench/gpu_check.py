@@ -194,10 +194,10 @@ def level10(directory: str) -> None:
 
     dumps = os.path.join(directory, "dumps")
     exporter = recorded(level=10, dump_dir=dumps)
-    mul = sok.debug_kernel_api(op_name="sglang.custom_op.mul10")(torch.mul)  # importable: rerun finds it
+    mul = sok.debug_kernel_api(op_name="sglang.custom_op.mul10")(torch.mul)
     mul(torch.ones(1024, device="cuda"), 2.0)
     [dumped] = os.listdir(dumps)
-    report = rerun(os.path.join(dumps, dumped))
+    report = rerun(os.path.join(dumps, dumped), function="torch:mul")  # rerun runs only what it is told
     print(f"   dumped {dumped}; rerun: {report['verdict']}; notes {report['notes']}")
     captured = capture(mul, torch.ones(1024, device="cuda"), 2.0)
     if captured is None:

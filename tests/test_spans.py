@@ -295,3 +295,24 @@ def test_name_inference_strips_sglang_prefix_and_locals():
     local.__module__ = "__main__"
     assert infer_api_name(local) == "test_spans.fused_add_rmsnorm"
     assert infer_api_name(len) == "len"
+
+
+def test_a_provider_that_is_not_the_sdks_gets_kernel_spans_through_its_tracer(provider, tmp_path, capsys):
+    class Foreign(trace.TracerProvider):
+        """An API-level provider (a vendor's, say) that takes no finished span."""
+
+        def get_tracer(self, *args, **kwargs):
+            return provider.get_tracer(*args, **kwargs)
+
+    sok.configure(level=3, log_dest="off", tracer_provider=Foreign(), trace_file=str(tmp_path / "t.sgltrace"))
+    kernel = sok.debug_kernel_api(op_name="k")(lambda x: x[9])
+    with provider.get_tracer("app").start_as_current_span("request") as request:
+        with pytest.raises(IndexError):
+            kernel(torch.ones(2))
+    [made] = [s for s in provider.exporter.get_finished_spans() if s.name == "k"]
+    assert made.parent.span_id == request.get_span_context().span_id
+    assert made.attributes[K + "input.arg0.shape"] == (2,)
+    assert made.status.status_code == StatusCode.ERROR and made.events[0].name == "exception"
+    assert "not the OpenTelemetry SDK's: kernel spans reach it" in capsys.readouterr().err
+    [recorded] = [s for s in sok.read_trace(tmp_path / "t.sgltrace") if s.name == "k"]
+    assert recorded.status_code == "ERROR" and recorded.parent_span_id == made.parent.span_id

@@ -180,7 +180,8 @@ def attach_trace_file(provider) -> None:
             _warned_foreign = True
             warn(
                 f"the installed TracerProvider ({type(provider).__name__}) is not the "
-                "OpenTelemetry SDK's; kernel spans go to it, but the trace file cannot be attached"
+                "OpenTelemetry SDK's: kernel spans reach it as spans its tracer makes (with ids of its own), "
+                "and the trace file holds the kernel calls but not its spans"
             )
         return
     provider.add_span_processor(processor.TraceFileProcessor())

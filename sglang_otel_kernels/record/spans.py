@@ -101,6 +101,26 @@ def call_context(call: tuple) -> SpanContext:
                        _SAMPLED if call[FLAGS] & tracefile.FLAG_SAMPLED else _NOT_SAMPLED)
 
 
+class _ThroughTracer:
+    """Stands for the span processors of a provider that is not the SDK's,
+    which takes no finished span: each ended kernel call is made again as a
+    span of its tracer (with the same parent, times, attributes, events and
+    status, and an id of its own)."""
+
+    def __init__(self, tracer) -> None:
+        self._tracer = tracer
+        self._span_processors = (self,)
+
+    def on_end(self, span) -> None:
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(span.parent)) if span.parent else None
+        made = self._tracer.start_span(span.name, context=parent, kind=span.kind, attributes=span.attributes,
+                                       start_time=span.start_time)
+        for event in span.events:
+            made.add_event(event.name, event.attributes, event.timestamp)
+        made.set_status(span.status)
+        made.end(end_time=span.end_time)
+
+
 class KernelSpans:
     """Starts and ends kernel spans; finds the provider (and sets tracing up)
     on the first call, so that importing at level >= 1 sets nothing up until
@@ -129,7 +149,10 @@ class KernelSpans:
         # The SDK keeps its processors privately; tests/test_sdk_fields.py
         # fails loudly if that moves.
         deliver = self.deliver and not sidecar_takes_kernel_spans(provider)
-        self._processors = getattr(provider, "_active_span_processor", None) if deliver else None
+        processors = getattr(provider, "_active_span_processor", None)
+        if processors is None:
+            processors = _ThroughTracer(self.tracer)
+        self._processors = processors if deliver else None
         self.provider = provider
         return self.tracer
 
@@ -222,7 +245,7 @@ class KernelSpans:
             parent = SpanContext(call[TRACE_ID], call[PARENT_ID], bool(flags & tracefile.FLAG_REMOTE_PARENT),
                                  _SAMPLED if flags & tracefile.FLAG_PARENT_SAMPLED else _NOT_SAMPLED)
         targets.on_end(_processor.KernelSpan(
-            call[NAME_], context=call_context(call), parent=parent, resource=self.provider.resource,
+            call[NAME_], context=call_context(call), parent=parent, resource=getattr(self.provider, "resource", None),
             attributes=attributes, events=tuple(Event(name, attrs, time) for name, time, attrs in events),
             kind=SpanKind.INTERNAL,
             status=Status(StatusCode.ERROR, description) if status == _STATUS_ERROR else Status(StatusCode.UNSET),
