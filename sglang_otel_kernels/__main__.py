@@ -80,7 +80,7 @@ def _report(options) -> int:
         print(json.dumps(report, indent=2, default=repr))
     else:
         sys.stdout.write(render_text(report))
-    return 1 if report["in_flight"] or report["failed"] else 0
+    return 1 if report["crashed"] or report["failed"] else 0
 
 
 def _replay(options) -> int:
@@ -193,9 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sglang-otel-kernels",
         description="SGLang-compatible kernel API logging as OpenTelemetry spans, with a crash-safe trace file.",
         epilog=(
-            "Exit status: 0 success (report: no call in flight and none failed; rerun: the recorded "
-            "outcome reproduced); 1 report: the file shows calls in flight when the process died, or failed "
-            "calls; rerun: the outcome differs; "
+            "Exit status: 0 success (report: no call was in flight when a process died and none failed; calls "
+            "running in a live process are no crash; rerun: the recorded outcome reproduced); 1 report: the "
+            "file shows calls in flight when the process died, or failed calls; rerun: the outcome differs; "
             "2 bad usage or an input that cannot be read (one line on stderr)."
         ),
     )

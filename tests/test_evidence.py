@@ -632,3 +632,40 @@ def test_the_sidecar_runs_the_installed_package_not_one_in_the_working_directory
     assert proc.returncode == 0, proc.stderr
     assert len(receiver.wait_for(lambda got: len(got) >= 5)) == 5
     assert not marker.exists()
+
+
+def test_a_live_writer_is_reported_as_running_not_crashed(tmp_path):
+    gate = tmp_path / "go"
+    script = textwrap.dedent(f"""
+        import os, time, torch, sglang_otel_kernels as sok
+        sok.configure(level=3, log_dest="off", trace_file="t.sgltrace")
+
+        @sok.debug_kernel_api(op_name="sglang.custom_op.wait")
+        def wait(x):
+            open("inside", "w").close()
+            while not os.path.exists({str(gate)!r}):
+                time.sleep(0.01)
+            return x
+
+        wait(torch.ones(2))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "inside").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        running = cli("report", str(tmp_path / "t.sgltrace"))
+        assert running.returncode == 0, running.stdout
+        assert "RUNNING: the writing process is alive; 1 kernel call(s) running now:" in running.stdout
+        assert "CRASHED" not in running.stdout and ", still running" in running.stdout
+        assert json.loads(cli("report", "--json", str(tmp_path / "t.sgltrace")).stdout)["crashed"] is False
+        proc.kill()  # now it dies inside the call
+        proc.wait(timeout=30)
+        crashed = cli("report", str(tmp_path / "t.sgltrace"))
+        assert crashed.returncode == 1 and "CRASHED: 1 kernel call(s)" in crashed.stdout
+        assert "RUNNING" not in crashed.stdout
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -14,6 +14,7 @@ a break in the sequence numbers) is never taken for a call in flight.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import marshal
 import math
@@ -89,6 +90,7 @@ class TraceFileContents:
     skipped: int  # records torn by a crash or partly overwritten
     problems: list[str]  # what was wrong with the file, if anything
     last_time: int  # the newest timestamp in the file (about when it was last written)
+    live: bool = False  # its writer still runs (it holds the file's lock): calls in flight are running now
 
 
 def read_trace(path: str | os.PathLike) -> list[RecoveredSpan]:
@@ -99,7 +101,27 @@ def read_trace(path: str | os.PathLike) -> list[RecoveredSpan]:
 def read_trace_file(path: str | os.PathLike) -> TraceFileContents:
     path = os.fspath(path)
     with map_trace_file(path) as data:
-        return _parse(path, data)
+        contents = _parse(path, data)
+    contents.live = writer_alive(path)
+    return contents
+
+
+def writer_alive(path: str) -> bool:
+    """Whether a live process writes the file: a writer holds an exclusive
+    flock on it while it runs, and the kernel drops it however it dies."""
+    try:
+        fd = open_regular(path)
+    except TraceFileError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # a filesystem without locks: nothing known
+    finally:
+        os.close(fd)
 
 
 def open_regular(path: str) -> int:

@@ -104,7 +104,8 @@ def build_report(contents: list[TraceFileContents], last: int = 10) -> dict[str,
     spans.sort(key=lambda item: item[0].start_time)
     by_id = {span.span_id: span for span, _ in spans}
     kernels = [(span, source) for span, source in spans if is_kernel(span)]
-    in_flight = [_call(s, by_id, f) for s, f in kernels if s.in_flight]
+    live = {c.path for c in contents if c.live}
+    in_flight = [dict(_call(s, by_id, f), in_flight_in_dead_process=f not in live) for s, f in kernels if s.in_flight]
     failed = [_call(s, by_id, f) for s, f in kernels if not s.in_flight and s.status_code == "ERROR"]
     first_bad = next(((s, f) for s, f in kernels if any(e[0] == "nonfinite_output" for e in s.events)), None)
     ended = [(s, f) for s, f in kernels if not s.in_flight]
@@ -123,12 +124,13 @@ def build_report(contents: list[TraceFileContents], last: int = 10) -> dict[str,
             tracebacks[content.path] = text
     return {
         "files": [
-            {"path": c.path, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"),
+            {"path": c.path, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"), "running": c.live,
              "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
              "spans": len(c.spans), "problems": c.problems}
             for c in contents
         ],
-        "crashed": bool(in_flight),
+        "crashed": any(call["in_flight_in_dead_process"] for call in in_flight),
+        "running": any(c.live for c in contents),
         "in_flight": in_flight,
         "failed": failed,
         "last_calls": [_call(s, by_id, f) for s, f in ended[-last:]] if last > 0 else [],
@@ -169,14 +171,21 @@ def render_text(report: dict[str, Any]) -> str:
     out: list[str] = []
     for info in report["files"]:
         ranks = ", ".join(f"{k}={v}" for k, v in info["ranks"].items()) or "no rank"
-        out.append(f"{info['path']}: pid {info['pid']} on {info['host']}, {ranks}, {info['spans']} spans")
+        state = ", still running" if info["running"] else ""
+        out.append(f"{info['path']}: pid {info['pid']} on {info['host']}, {ranks}, {info['spans']} spans{state}")
         out.extend(f"  warning: {problem}" for problem in info["problems"])
     out.append("")
-    if report["in_flight"]:
-        out.append(f"CRASHED: {len(report['in_flight'])} kernel call(s) were running when the process died:")
-        for call in report["in_flight"]:
+    dead = [call for call in report["in_flight"] if call["in_flight_in_dead_process"]]
+    running = [call for call in report["in_flight"] if not call["in_flight_in_dead_process"]]
+    if dead:
+        out.append(f"CRASHED: {len(dead)} kernel call(s) were running when the process died:")
+        for call in dead:
             out.extend(_call_lines(call))
-    else:
+    if running:
+        out.append(f"RUNNING: the writing process is alive; {len(running)} kernel call(s) running now:")
+        for call in running:
+            out.extend(_call_lines(call))
+    if not report["in_flight"]:
         out.append("No kernel call was running when the file was last written (no crash inside a kernel).")
     if report["in_flight_other_spans"]:
         out.append("Also unfinished: " + ", ".join(
