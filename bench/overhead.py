@@ -10,7 +10,9 @@ no export); the same with an application processor that takes every ended
 kernel span (a no-op one, so the cost is ours: building the finished span
 and handing it over); the text log and the trace file; the black box.
 Figures are medians over the repeats; ratios are against the bare call and the
-bare span of the same run. The target row: level 1, text off, no export, at
+bare span of the same run. The floor row is a pure-Python wrapper that writes
+two CRC'd struct records into a mapped file under a lock, with the
+current-span lookup: what any pure-Python recorder of a call pays here. The target row: level 1, text off, no export, at
 most 1.5 us above the bare call.
 """
 
@@ -31,6 +33,43 @@ import sglang_otel_kernels as sok
 
 def kernel(x, weight, eps=1e-6):
     return x
+
+
+def floor_wrapper(fn, directory: str):
+    """`fn` wrapped by the least a crash-safe pure-Python recorder does."""
+    import mmap
+    import struct
+    import threading
+    import zlib
+
+    from opentelemetry import trace
+
+    header, start, end = struct.Struct("<IIQII"), struct.Struct("<QQQQqQIBBQB"), struct.Struct("<QqB")
+    fd = os.open(os.path.join(directory, "floor.bin"), os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, 1 << 24)
+    view = memoryview(mmap.mmap(fd, 1 << 24))
+    state = {"offset": 0, "sequence": 0}
+    lock = threading.Lock()
+
+    def write(encoding, payload, _crc=zlib.crc32, _pack=header.pack):
+        length = len(payload)
+        crc = _crc(payload)
+        with lock:
+            offset = state["offset"]
+            if offset + 64 > 1 << 23:
+                offset = 0
+            state["sequence"] += 1
+            view[offset : offset + 24 + length] = _pack(0x524B4F53, length, state["sequence"], crc, encoding) + payload
+            state["offset"] = offset + ((24 + length + 7) & -8)
+
+    def wrapped(*args, _current=trace.get_current_span, **kwargs):
+        _current().get_span_context()
+        write(5, start.pack(1, 2, 3, 4, 5, 6, 7, 0, 1, 1, 1))
+        result = fn(*args, **kwargs)
+        write(1, end.pack(3, 5, 0))
+        return result
+
+    return wrapped
 
 
 def per_call_us(fn, args, kwargs, calls: int, repeats: int) -> float:
@@ -69,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     run = lambda fn: per_call_us(fn, args, kwargs, options.calls, options.repeats)  # noqa: E731
     bare = run(kernel)
     span = run(in_bare_span)
-    rows = [("bare call", "-", bare), ("bare OTel span", "-", span)]
+    floor = run(floor_wrapper(kernel, directory))
+    rows = [("bare call", "-", bare), ("bare OTel span", "-", span), ("floor: 2 records", "-", floor)]
     modes = [
         ("text file only", dict(log_dest=log_path, spans=False, trace_file="off", blackbox=False)),
         ("trace file", dict(log_dest="off", spans=True, trace_file=trace_path, blackbox=False)),
@@ -93,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, level, us in rows:
         print(f"{label:24s} {level:>5s} {us:9.2f} {us - bare:12.2f} {us / bare:12.1f} {us / span:12.2f}")
     target = next(us for label, level, us in rows if label == "trace file" and level == "1")
-    print(f"target: level 1, text off, no export: {target - bare:.2f} us above the bare call (at most 1.5 us)")
+    print(f"target: level 1, text off, no export: {target - bare:.2f} us above the bare call (at most 1.5 us); "
+          f"the floor: {floor - bare:.2f} us above it")
     return 0
 
 

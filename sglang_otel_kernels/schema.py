@@ -2,6 +2,7 @@
 schema"): public contracts, in one place, torch-free so the recovery tools
 can use them."""
 
+TRACER_NAME = "sglang_otel_kernels"  # the instrumentation scope of kernel spans
 PREFIX = "sglang.kernel."
 NAME = PREFIX + "name"
 LEVEL = PREFIX + "level"

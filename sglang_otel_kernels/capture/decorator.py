@@ -29,7 +29,7 @@ from ..record import attributes as _attrs
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.processor import set_writer
 from ..record.setup import make_writer
-from ..record.spans import TRACER_NAME, KernelSpans, call_context, current_call
+from ..record.spans import KernelSpans, call_context, current_call
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
@@ -100,7 +100,7 @@ def kernel_tracer():
     SDK is off), so that batch and request spans land beside them."""
     spans = _runtime.spans
     if spans is None or not spans.sdk:
-        return trace.get_tracer(TRACER_NAME, __version__)
+        return trace.get_tracer(schema.TRACER_NAME, __version__)
     return spans.tracer or spans.setup()
 
 
@@ -128,6 +128,8 @@ def _trace_ids(context, span_key: str) -> dict:
 # None, the input attributes when spans carry them, the input paths holding
 # NaN/Inf, the level-10 dump directory or None). A tuple: made once per call.
 _Call = tuple
+
+
 class KernelSite:
     """One decorated function: its name and level, fixed at decoration time."""
 
@@ -222,10 +224,10 @@ class KernelSite:
         if call is None:
             return
         span, _, _, dump = call
+        runtime = _runtime
         added: dict | None = None
         events: tuple = ()
         try:
-            runtime = _runtime
             dumped = dump is not None and runtime.dumps.save_outputs(dump, result, self._span_ids(call))
             if self.with_args and runtime.describes_arguments:
                 node = describe(result)
@@ -240,7 +242,7 @@ class KernelSite:
             _warn_once(f"recording the result of {self.name}", exc)
         if span is not None:
             try:
-                _runtime.spans.end(span, added, events)
+                runtime.spans.end(span, added, events)
             except Exception as exc:
                 _warn_once(f"recording the end of {self.name}", exc)
 

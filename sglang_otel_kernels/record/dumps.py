@@ -21,7 +21,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import stat
 import sys
 import threading
 import time
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from .. import config as _config
+from .. import files
 from ..describe.values import safe_repr, safe_str
 from ..notices import warn, warn_once
 
@@ -134,10 +134,7 @@ def write_metadata(directory: str, metadata: dict) -> None:
 
 def read_metadata(directory: str) -> dict:
     """The metadata of a dump: a regular file (a FIFO would block), bounded."""
-    fd = os.open(os.path.join(directory, METADATA), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
+    with os.fdopen(files.open_regular(os.path.join(directory, METADATA)), "rb") as handle:
         text = handle.read(MAX_METADATA_BYTES + 1)
     if len(text) > MAX_METADATA_BYTES:
         raise ValueError(f"larger than {MAX_METADATA_BYTES >> 20} MiB")

@@ -13,7 +13,6 @@ import functools
 import importlib
 import os
 import socket
-import stat
 import subprocess
 import sys
 import weakref
@@ -24,6 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from .. import config as _config
+from .. import files
 from .._version import __version__
 from ..notices import warn
 from . import export, processor, tracefile
@@ -34,8 +34,7 @@ _own_providers: "weakref.WeakSet" = weakref.WeakSet()
 _warned_foreign = False
 _watching = False
 _recorders: "weakref.WeakSet" = weakref.WeakSet()
-# The trace files a sidecar of this process follows: path -> kernels only.
-_sidecars: dict = {}
+_sidecars: set = set()  # the trace files a sidecar of this process follows
 _faulthandler_file = None
 
 
@@ -112,7 +111,7 @@ def watch_global_provider() -> None:
         if _config.get_config().level > 0:
             try:
                 # The writer lives with the decorator's runtime: loaded now, not at the first kernel.
-                importlib.import_module(f"{__package__.rpartition('.')[0]}.capture.decorator")
+                importlib.import_module("..capture.decorator", __package__)
                 attach_trace_file(trace.get_tracer_provider())
             except Exception as exc:
                 warn(f"trace file not attached to the new TracerProvider ({type(exc).__name__}: {exc})")
@@ -128,7 +127,6 @@ def _handed_over() -> None:
     writer = processor.current_writer()
     if writer is not None and writer.path in _sidecars:
         writer.append((tracefile.MODE, tracefile.MODE_KERNELS_ONLY))
-        _sidecars[writer.path] = True
     for recorder in list(_recorders):
         recorder.provider = recorder.tracer = None
 
@@ -223,14 +221,13 @@ def _no_sidecar() -> None:
     the providers this package made export from this process instead."""
     if export.otlp_endpoint() is None:
         return
-    providers = [provider for provider in _own_providers if provider is trace.get_tracer_provider()]
-    if providers:
+    provider = trace.get_tracer_provider()
+    if provider in _own_providers:
         warn("without a trace file there is no export sidecar: spans are exported from this process")
-    elif sidecar_takes_kernel_spans(trace.get_tracer_provider()):
+        _export_in_process(provider)
+    elif sidecar_takes_kernel_spans(provider):
         warn("without a trace file there is no export sidecar: kernel spans are not exported "
              "(SGLANG_KERNEL_API_EXPORT_SIDECAR=1 hands them to the application's exporters)")
-    for provider in providers:
-        _export_in_process(provider)
 
 
 def _start_sidecar(trace_path: str) -> None:
@@ -240,8 +237,7 @@ def _start_sidecar(trace_path: str) -> None:
     if export.otlp_endpoint() is None:
         return  # nothing to export to
     command = ["follow", trace_path, "--pid", str(os.getpid())]
-    kernels_only = not any(provider is trace.get_tracer_provider() for provider in _own_providers)
-    if kernels_only:
+    if trace.get_tracer_provider() not in _own_providers:
         if not sidecar_takes_kernel_spans(trace.get_tracer_provider()):
             return  # the application's own provider exports in its process
         command.append("--kernels-only")  # the application exports its own spans
@@ -254,7 +250,7 @@ def _start_sidecar(trace_path: str) -> None:
             [sys.executable, "-c", code, *command],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
         )
-        _sidecars[trace_path] = kernels_only
+        _sidecars.add(trace_path)
     except OSError as exc:
         warn(f"cannot start the export sidecar ({exc}); spans stay in the trace file "
              "(sglang-otel-kernels replay sends them later)")
@@ -267,15 +263,11 @@ def _enable_faulthandler(trace_path: str) -> None:
     if faulthandler.is_enabled() and _faulthandler_file is None:
         return
     try:
-        # Never through a link, never a FIFO (that would block); the writer
-        # moved an earlier run's traceback aside with its trace file.
-        fd = os.open(tracefile.traceback_path(trace_path),
-                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OSError(f"{tracefile.traceback_path(trace_path)} is not a regular file")
+        # Never through a link, never a FIFO; the writer moved an earlier
+        # run's traceback aside with its trace file.
+        fd = files.open_regular(tracefile.traceback_path(trace_path),
+                                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW)
         os.fchmod(fd, 0o600)  # whatever the umask, and for a file that existed
-        os.set_blocking(fd, True)
         new_file = os.fdopen(fd, "w")
         faulthandler.enable(file=new_file, all_threads=True)
     except (OSError, ValueError, RuntimeError) as exc:

@@ -29,14 +29,13 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from .._version import __version__
 from ..describe.values import safe_str
-from ..schema import ATTRIBUTES_DROPPED, LEVEL, NAME, SEQ
+from ..schema import ATTRIBUTES_DROPPED, LEVEL, NAME, SEQ, TRACER_NAME
 from ..text import utf8
 from . import processor as _processor
 from . import tracefile
 from .attributes import fit
 from .setup import resolve_provider, sidecar_takes_kernel_spans, track
 
-TRACER_NAME = "sglang_otel_kernels"
 _LOW64 = (1 << 64) - 1
 _STATUS_UNSET, _STATUS_ERROR = 0, 2
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -81,7 +80,8 @@ def record_failure(span, exc: BaseException) -> None:
 # (trace id, span id, flags, start time, the call it runs inside on this
 # thread, the trace-file writer or None, name, parent span id, its attributes
 # when it will be handed to processors, else None).
-TRACE_ID, SPAN_ID, FLAGS, START, OUTER, WRITER, NAME_, PARENT_ID, ATTRIBUTES = range(9)
+TRACE_ID, SPAN_ID, FLAGS, START, _, _, NAME_, PARENT_ID, ATTRIBUTES = range(9)
+
 
 class _ThreadState(threading.local):
     call = None  # the kernel call running on this thread
@@ -156,17 +156,11 @@ class KernelSpans:
         self.provider = provider
         return self.tracer
 
-    def _delivery(self):
-        """The multi span processor to hand ended calls to, or None."""
-        processors = self._processors
-        if processors is None:
-            return None
-        present = processors._span_processors
-        if present is not self._seen:
-            self._seen = present
-            self._targets = processors if any(
-                not isinstance(p, _processor.TraceFileProcessor) for p in present) else None
-        return self._targets
+    def _refresh_targets(self, processors) -> None:
+        """Looks again at the provider's processors (they changed): ended
+        calls go to them when one is not the trace file's."""
+        present = self._seen = processors._span_processors
+        self._targets = processors if any(not isinstance(p, _processor.TraceFileProcessor) for p in present) else None
 
     def start(self, name: str, level: int, seq: int, extra: dict | None,
               _pack=tracefile.KERNEL_SPAN.pack, _encode=tracefile.encode, _bits=random.getrandbits,
@@ -179,8 +173,8 @@ class KernelSpans:
             self.setup()
         outer = _local.call
         if outer is not None:
-            trace_id, parent_id = outer[0], outer[1]
-            flags = (outer[2] & 1) * 9  # sampled, and so is the parent (FLAG_PARENT_SAMPLED)
+            trace_id, parent_id = outer[TRACE_ID], outer[SPAN_ID]
+            flags = (outer[FLAGS] & 1) * 9  # sampled, and so is the parent (FLAG_PARENT_SAMPLED)
         else:
             # SpanContext is a tuple (trace id, span id, is remote, flags, state,
             # is valid): unpacked at once, its properties cost 45 ns each.
@@ -209,11 +203,13 @@ class KernelSpans:
             writer = None
         attributes = None
         processors = self._processors
-        if processors is not None and (self._targets if processors._span_processors is self._seen
-                                       else self._delivery()) is not None:
-            attributes = {NAME: name, LEVEL: level, SEQ: seq}
-            if extra:
-                attributes.update(extra[1] if flags & tracefile.FLAG_INLINE_NAME else extra)
+        if processors is not None:
+            if processors._span_processors is not self._seen:
+                self._refresh_targets(processors)
+            if self._targets is not None:
+                attributes = {NAME: name, LEVEL: level, SEQ: seq}
+                if extra:
+                    attributes.update(extra[1] if flags & tracefile.FLAG_INLINE_NAME else extra)
         call = _local.call = (trace_id, span_id, flags, start, outer, writer, name, parent_id, attributes)
         return call
 
@@ -221,18 +217,18 @@ class KernelSpans:
             status: int = _STATUS_UNSET, description: str = "", _now=time_ns, _local=_thread,
             _compact=tracefile.COMPACT_END.pack, _encoding=tracefile.ENCODING_COMPACT_END) -> None:
         """Writes the end record and hands the ended call to the processors."""
-        _local.call = call[4]
+        _, span_id, flags, _, outer, writer, _, _, attributes = call
+        _local.call = outer
         end = _now()
-        writer = call[5]
         if writer is not None:
             if added or events or description:
-                writer.append((tracefile.CALL_END, call[1], end, status, description, events, added or {}))
+                writer.append((tracefile.CALL_END, span_id, end, status, description, events, added or {}))
             elif not writer.failed:
-                writer.write_record(_encoding, _compact(call[1], end, status))
-        if call[8] is not None and call[2] & 1:
-            self._hand_over(self._targets, call, end, added, events, status, description)
+                writer.write_record(_encoding, _compact(span_id, end, status))
+        if attributes is not None and flags & tracefile.FLAG_SAMPLED:
+            self._hand_over(call, end, added, events, status, description)
 
-    def _hand_over(self, targets, call: tuple, end: int, added, events, status: int, description: str) -> None:
+    def _hand_over(self, call: tuple, end: int, added, events, status: int, description: str) -> None:
         attributes = call[ATTRIBUTES]
         if added:
             attributes.update(added)
@@ -244,13 +240,13 @@ class KernelSpans:
         if call[PARENT_ID]:
             parent = SpanContext(call[TRACE_ID], call[PARENT_ID], bool(flags & tracefile.FLAG_REMOTE_PARENT),
                                  _SAMPLED if flags & tracefile.FLAG_PARENT_SAMPLED else _NOT_SAMPLED)
-        targets.on_end(_processor.KernelSpan(
+        self._targets.on_end(_processor.KernelSpan(
             call[NAME_], context=call_context(call), parent=parent, resource=getattr(self.provider, "resource", None),
             attributes=attributes, events=tuple(Event(name, attrs, time) for name, time, attrs in events),
             kind=SpanKind.INTERNAL,
             status=Status(StatusCode.ERROR, description) if status == _STATUS_ERROR else Status(StatusCode.UNSET),
             start_time=call[START], end_time=end, instrumentation_scope=self._scope))
 
-    def fail(self, call: tuple, exc: BaseException, added: dict | None = None) -> None:
-        self.end(call, added, (("exception", time_ns(), exception_event(exc)),), _STATUS_ERROR,
+    def fail(self, call: tuple, exc: BaseException) -> None:
+        self.end(call, None, (("exception", time_ns(), exception_event(exc)),), _STATUS_ERROR,
                  describe_exception(exc))

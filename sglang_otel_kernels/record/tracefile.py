@@ -287,8 +287,9 @@ class TraceFileWriter:
                     return None  # a live writer holds it
                 if os.pread(fd, len(MAGIC), 0) != MAGIC:
                     raise _Refused(f"{path} exists and is not a trace file; it is left as it is")
-                if _same_file(path, os.fstat(fd)):
-                    _rotate(path, os.fstat(fd).st_mtime)
+                locked = os.fstat(fd)
+                if _same_file(path, locked):
+                    _rotate(path, locked.st_mtime)
             finally:
                 os.close(fd)
         raise _Refused(f"{path} keeps changing under this process")
@@ -331,7 +332,7 @@ class TraceFileWriter:
         metadata = dict(self.metadata, pid=pid, ppid=os.getppid())
         if self._forked_from is not None:
             metadata["forked_from"] = self._forked_from
-        body = json.dumps(metadata, default=str).encode("utf-8", "backslashreplace")
+        body = json.dumps(metadata, default=str).encode("ascii")  # json.dumps escapes what is not ASCII
         room = HEADER_SIZE - HEADER_PREFIX.size
         if len(body) > room:
             body = json.dumps({"pid": pid, "metadata_truncated": True}).encode("utf-8")

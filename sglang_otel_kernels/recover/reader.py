@@ -17,17 +17,16 @@ import dataclasses
 import fcntl
 import json
 import marshal
-import math
 import mmap
 import os
-import stat
 import struct
 import zlib
 from typing import Any
 
-from ..record import tracefile as fmt
+from .. import files
 from .._version import __version__
-from ..schema import BLACKBOX, IN_FLIGHT, LEVEL, NAME, SEQ
+from ..record import tracefile as fmt
+from ..schema import BLACKBOX, IN_FLIGHT, LEVEL, NAME, SEQ, TRACER_NAME
 from ..text import utf8
 
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
@@ -48,8 +47,8 @@ MALFORMED = ("malformed",)
 _BLACKBOX_SPAN_TAG = 0xB1AC << 48
 _END_FIELDS = 8
 _MAX_UNSURE = 1 << 16
-# The scope of the kernel spans the decorator writes (record/spans.py's tracer).
-KERNEL_SCOPE = ("sglang_otel_kernels", __version__)
+# The scope of the kernel spans the decorator writes.
+KERNEL_SCOPE = (TRACER_NAME, __version__)
 _KERNEL_SCOPE = -1
 
 
@@ -128,19 +127,15 @@ def open_regular(path: str) -> int:
     """A read-only descriptor of the regular file at `path`; TraceFileError
     for anything else (a FIFO, a device, a directory), without blocking."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return files.open_regular(path)
+    except files.NotRegularFile as exc:
+        raise TraceFileError(f"{path}: is {exc.kind}, not a trace file") from None
     except FileNotFoundError:
         raise TraceFileError(f"{path}: no such file") from None
     except PermissionError:
         raise TraceFileError(f"{path}: permission denied") from None
     except OSError as exc:
         raise TraceFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
-        raise TraceFileError(f"{path}: is {kind}, not a trace file")
-    return fd
 
 
 def map_trace_file(path: str) -> mmap.mmap:
@@ -456,9 +451,7 @@ def _span_start(payload: bytes):
         return None
     data = _unmarshal(payload[fixed.size :])
     if flags & fmt.FLAG_INLINE_NAME:
-        if not (type(data) is tuple and len(data) == 2 and type(data[0]) is str):
-            return None
-        name, data = utf8(data[0]), data[1]
+        name, data = _inline_name(data)
     links: "tuple | None" = ()
     if flags & fmt.FLAG_LINKS:
         if not (type(data) is tuple and len(data) == 2):
@@ -469,6 +462,14 @@ def _span_start(payload: bytes):
         return None
     return (_SPAN_START, (high << 64) | low, span_id, parent_id, name, kind, start, thread, scope, attributes, links,
             flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED))
+
+
+def _inline_name(data) -> tuple:
+    """(name, the rest) of marshal data written with FLAG_INLINE_NAME; for
+    malformed data (0, None), which the caller's checks then refuse."""
+    if type(data) is tuple and len(data) == 2 and type(data[0]) is str:
+        return utf8(data[0]), data[1]
+    return 0, None
 
 
 def _kernel_span(payload: bytes):
@@ -486,9 +487,7 @@ def _kernel_span(payload: bytes):
     if len(payload) > fixed.size:
         data = _unmarshal(payload[fixed.size :])
         if flags & fmt.FLAG_INLINE_NAME:
-            if not (type(data) is tuple and len(data) == 2 and type(data[0]) is str):
-                return None
-            name, data = utf8(data[0]), data[1]
+            name, data = _inline_name(data)
         extra = _attributes(data)
         if extra is None:
             return None
@@ -497,25 +496,25 @@ def _kernel_span(payload: bytes):
             (), flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED))
 
 
+def _ending(status, description, events, attributes) -> bool:
+    """Whether the fields an end record shares are of the right types (the
+    events and attributes are cleaned one by one afterwards)."""
+    return type(status) is int and type(description) is str and type(events) is tuple and type(attributes) is dict
+
+
 def _call_end(record: tuple) -> "tuple | None":
     _, span_id, end_time, status, description, events, attributes = record
-    if not (_is_u64(span_id) and _is_time(end_time) and type(status) is int and type(description) is str):
+    if not (_is_u64(span_id) and _is_time(end_time) and _ending(status, description, events, attributes)):
         return None
-    events, attributes = _events(events), _attributes(attributes)
-    if events is None or attributes is None:
-        return None
-    return (fmt.CALL_END, span_id, end_time, status, utf8(description), events, attributes)
+    return (fmt.CALL_END, span_id, end_time, status, utf8(description), _events(events), _attributes(attributes))
 
 
 def _end(record: tuple) -> "tuple | None":
     _, trace_id, span_id, end_time, status, description, events, attributes = record
     if not (type(trace_id) is int and 0 <= trace_id < 1 << 128 and _is_u64(span_id) and _is_time(end_time)
-            and type(status) is int and type(description) is str):
+            and _ending(status, description, events, attributes)):
         return None
-    events, attributes = _events(events), _attributes(attributes)
-    if events is None or attributes is None:
-        return None
-    return (fmt.END, trace_id, span_id, end_time, status, utf8(description), events, attributes)
+    return (fmt.END, trace_id, span_id, end_time, status, utf8(description), _events(events), _attributes(attributes))
 
 
 class Assembler:
@@ -604,7 +603,7 @@ class Assembler:
             name=name, trace_id=(trace_high << 64) | trace_low, span_id=_BLACKBOX_SPAN_TAG | (seq & ((1 << 48) - 1)),
             parent_span_id=parent_id, parent_is_remote=False, kind=0, start_time=start_time, end_time=end_time,
             status_code=status, status_description=description, attributes=attributes, events=events, links=[],
-            thread_id=thread, thread_name=self.threads.get(thread), scope_name="sglang_otel_kernels",
+            thread_id=thread, thread_name=self.threads.get(thread), scope_name=TRACER_NAME,
             scope_version="", trace_flags=1, in_flight=end is None,
         )
 
