@@ -1,0 +1,145 @@
+"""The SGLang integration on SGLang's own code: the published wheel
+(tests/sglang-site.txt, installed with --no-deps into .cache/ by this module
+and reused) runs a tokenizer and a scheduler process joined by a real ZMQ
+socket (tests/sglang_server_parts.py), with SGLang's own tracing
+(`process_tracing_init`, `TraceReqContext`), `TokenizedGenerateReqInput`,
+`Req`, `ScheduleBatch`, `Scheduler.run_batch` body and a real
+`ReplicatedLinear`, exporting over OTLP/gRPC to a receiver on loopback.
+Stand-ins only for what needs a GPU: the model worker, the memory pools and
+the scheduler's metrics and profiler collaborators."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import sglang_otel_kernels as sok
+from otlp_receivers import GrpcReceiver
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from sglang_wheel import install_sglang_site  # noqa: E402
+
+PARTS = os.path.join(TESTS, "sglang_server_parts.py")
+KERNEL = "sglang.quant_method.UnquantizedLinearMethod.apply"
+RIDS = ("r1", "r2", "bad3")
+
+
+@pytest.fixture(scope="module")
+def sglang_site():
+    return install_sglang_site(os.path.join(TESTS, "sglang-site.txt"), os.path.join(ROOT, ".cache"))
+
+
+@pytest.fixture
+def receiver():
+    server = GrpcReceiver()
+    yield server
+    server.stop()
+
+
+def _address() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def serve(site, receiver, tmp_path, *, pickle_ipc: bool = True, first: str = "none", level: int = 3):
+    """Runs the scheduler and the tokenizer, each under the `run` launcher as
+    the README starts a server; returns their (stdout, stderr) texts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "OTEL_"))}
+    env.update(PYTHONPATH=site, SGLANG_TEST_OTLP_ENDPOINT=f"127.0.0.1:{receiver.port}",
+               SGLANG_USE_PICKLE_IPC="1" if pickle_ipc else "0", SGLANG_KERNEL_API_LOGDEST="off",
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"))
+    requests, done = _address(), _address()
+    launcher = [sys.executable, "-m", "sglang_otel_kernels", "run", "--level", str(level), "--", sys.executable, PARTS]
+    scheduler = subprocess.Popen([*launcher, "scheduler", requests, done, str(len(RIDS)), first], cwd=tmp_path,
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tokenizer = subprocess.Popen([*launcher, "tokenizer", requests, done, ",".join(RIDS)], cwd=tmp_path, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        outputs = [process.communicate(timeout=300) for process in (scheduler, tokenizer)]
+    finally:
+        for process in (scheduler, tokenizer):
+            process.kill()
+    assert scheduler.returncode == 0, outputs[0][1][-4000:]
+    assert tokenizer.returncode == 0, outputs[1][1][-4000:]
+    return outputs
+
+
+def _trace_file(scheduler_stdout: str) -> str:
+    [path] = [line.split(" ", 1)[1] for line in scheduler_stdout.splitlines() if line.startswith("tracefile ")]
+    return path
+
+
+def _roots(spans) -> dict:
+    """rid -> SGLang's root span of that request (named ' Req <rid>')."""
+    return {span["attributes"]["rid"]: span for span in spans if span["name"].strip().startswith("Req ")}
+
+
+@pytest.mark.parametrize("pickle_ipc", [True, False], ids=["pickle-ipc", "msgpack-ipc"])
+def test_kernels_land_in_sglangs_request_traces_across_the_zmq_hop(sglang_site, receiver, tmp_path, pickle_ipc):
+    (scheduler_out, _), _ = serve(sglang_site, receiver, tmp_path, pickle_ipc=pickle_ipc)
+    assert "failed bad3 RuntimeError" in scheduler_out
+    spans = receiver.wait_for(lambda got: len(_roots(got)) == 3 and sum(s["name"] == KERNEL for s in got) == 2)
+    roots = _roots(spans)
+    by_name = {}
+    for span in spans:
+        by_name.setdefault(span["name"], []).append(span)
+
+    # SGLang's own exporter carries SGLang's spans (tokenizer and scheduler side) and ours.
+    assert len([s for s in spans if s["name"].startswith("Tokenizer")]) == 3
+    assert len([s for s in spans if s["name"].startswith("Scheduler [TP 0]")]) == 3
+    assert {s["resource"]["service.name"] for s in by_name[KERNEL]} == {"sglang"}
+
+    # The batch of r1 and r2: its own trace, linked to both requests' real root spans.
+    [pair] = [b for b in by_name["sglang.forward_batch"] if len(b["links"]) == 2]
+    assert sorted(pair["links"]) == sorted((roots[r]["trace_id"], roots[r]["span_id"]) for r in ("r1", "r2"))
+    assert pair["attributes"]["sglang.batch.request_ids"] == ("r1", "r2")
+    # Each request trace gets a span back, under its root.
+    back = by_name["sglang.forward_batch.request"]
+    assert sorted((s["trace_id"], s["parent_span_id"]) for s in back) == sorted(
+        (roots[r]["trace_id"], roots[r]["span_id"]) for r in ("r1", "r2"))
+    # The batch of one request sits in that request's trace.
+    [single] = [b for b in by_name["sglang.forward_batch"] if b is not pair]
+    assert (single["trace_id"], single["parent_span_id"]) == (roots["bad3"]["trace_id"], roots["bad3"]["span_id"])
+    # Kernels are children of their batch; the failing one is an ERROR span.
+    kernels = {k["parent_span_id"]: k for k in by_name[KERNEL]}
+    assert set(kernels) == {pair["span_id"], single["span_id"]}
+    assert kernels[pair["span_id"]]["status"] == 0 and kernels[single["span_id"]]["status"] == 2
+    assert kernels[pair["span_id"]]["attributes"]["sglang.kernel.input.arg1.shape"] == (2, 8)
+    assert "mat1 and mat2 shapes cannot be multiplied" in kernels[single["span_id"]]["status_message"]
+
+    # The scheduler's trace file holds SGLang's spans of that process and ours, with their ids.
+    contents = sok.read_trace_file(_trace_file(scheduler_out))
+    assert contents.problems == []
+    in_file = {(s.name, s.trace_id, s.span_id) for s in contents.spans}
+    exported = {(s["name"], s["trace_id"], s["span_id"]) for s in spans if s["name"] == KERNEL
+                or s["name"].startswith(("sglang.forward_batch", "Scheduler [TP 0]"))}
+    assert in_file == exported
+
+    # The report names the request of the failed kernel.
+    report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", _trace_file(scheduler_out)],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 1, report.stderr
+    assert "Failed calls (1):" in report.stdout and "requests bad3" in report.stdout
+    # SGLang's own logger module, imported by SGLang's layers, left no file of its own (LOGDEST=off).
+    assert not (tmp_path / "off").exists()
+
+
+@pytest.mark.parametrize("first", ["configure", "kernel"])
+def test_whatever_runs_before_sglangs_tracing_init_sglangs_export_works(sglang_site, receiver, tmp_path, first):
+    """`configure` or a recorded kernel before `process_tracing_init` (the run
+    launcher before both): SGLang's provider is installed all the same, its
+    exporter receives SGLang's spans and the kernel spans, and the trace file
+    records SGLang's spans from then on."""
+    (scheduler_out, _), _ = serve(sglang_site, receiver, tmp_path, first=first, level=1)
+    spans = receiver.wait_for(lambda got: len(_roots(got)) == 3 and sum(s["name"] == KERNEL for s in got) == 2)
+    assert len([s for s in spans if s["name"].startswith("Scheduler [TP 0]")]) == 3
+    names = [s.name for s in sok.read_trace_file(_trace_file(scheduler_out)).spans]
+    # A kernel run first has no request yet: it lies in the file (its own trace), not in SGLang's export.
+    assert names.count(KERNEL) == (3 if first == "kernel" else 2)
+    assert names.count("sglang.forward_batch") == 2
+    assert sum(name.startswith("Scheduler [TP 0]") for name in names) == 3
