@@ -22,6 +22,8 @@ import types
 import warnings
 from array import array
 
+import torch
+
 warnings.simplefilter("ignore")  # SGLang warns that AWQ/GGUF need a GPU
 
 
@@ -71,24 +73,32 @@ class _Pool:
 
 
 class _Worker:
-    """Stands for the model worker: its forward runs a real SGLang layer,
-    whose quant method SGLang wraps with wrap_method_with_debug_kernel_once."""
+    """Stands for the model worker: its forward runs a real SGLang layer
+    (whose quant method SGLang wraps with wrap_method_with_debug_kernel_once)
+    and a function under SGLang's `debug_kernel_api`. (SGLang's
+    `register_custom_op` registers its ops for the GPU's dispatch key only,
+    so they cannot run here.)"""
 
     def __init__(self) -> None:
-        import torch
-
+        from sglang.kernels.kernel_api_logging import debug_kernel_api
         from sglang.srt.layers.linear import ReplicatedLinear
 
         self.layer = ReplicatedLinear(8, 4, bias=False)
         with torch.no_grad():
             self.layer.weight.copy_(torch.arange(32, dtype=torch.float32).reshape(4, 8) / 32)
-        self.torch = torch
+
+        @debug_kernel_api
+        def rmsnorm(x, weight, eps=1e-6):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+        self.rmsnorm = rmsnorm
 
     def forward_batch_generation(self, batch, pp_proxy_tensors=None):
         from sglang.srt.managers.utils import GenerationBatchResult
 
         width = 7 if any(req.rid.startswith("bad") for req in batch.reqs) else 8  # bad: the kernel fails
-        self.layer(self.torch.ones(len(batch.reqs), width))
+        hidden = self.rmsnorm(torch.ones(len(batch.reqs), 8), torch.ones(8))
+        self.layer(hidden[:, :width])
         return GenerationBatchResult(logits_output=None, can_run_cuda_graph=False)
 
 
@@ -115,8 +125,6 @@ def _scheduler_object():
 
 
 def _batch(reqs):
-    import torch
-
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -136,7 +144,7 @@ def scheduler(pull: str, done: str, count: str, first: str) -> None:
 
         sok.configure(level=int(os.environ.get("SGLANG_KERNEL_API_LOGLEVEL", "1")))
     elif first == "kernel":
-        _Worker().layer(__import__("torch").ones(1, 8))
+        _Worker().layer(torch.ones(1, 8))
 
     from sglang.srt.managers.io_struct import sock_recv
     from sglang.srt.managers.schedule_batch import Req

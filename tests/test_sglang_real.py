@@ -25,6 +25,7 @@ from sglang_wheel import install_sglang_site  # noqa: E402
 
 PARTS = os.path.join(TESTS, "sglang_server_parts.py")
 KERNEL = "sglang.quant_method.UnquantizedLinearMethod.apply"
+NORM = "sglang_server_parts._Worker.__init__.rmsnorm"  # SGLang's name: module and qualified name
 RIDS = ("r1", "r2", "bad3")
 
 
@@ -50,7 +51,7 @@ def serve(site, receiver, tmp_path, *, pickle_ipc: bool = True, first: str = "no
     """Runs the scheduler and the tokenizer, each under the `run` launcher as
     the README starts a server; returns their (stdout, stderr) texts."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "OTEL_"))}
-    env.update(PYTHONPATH=site, SGLANG_TEST_OTLP_ENDPOINT=f"127.0.0.1:{receiver.port}",
+    env.update(PYTHONPATH=os.pathsep.join([site, ROOT]), SGLANG_TEST_OTLP_ENDPOINT=f"127.0.0.1:{receiver.port}",
                SGLANG_USE_PICKLE_IPC="1" if pickle_ipc else "0", SGLANG_KERNEL_API_LOGDEST="off",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"))
     requests, done = _address(), _address()
@@ -108,6 +109,7 @@ def test_kernels_land_in_sglangs_request_traces_across_the_zmq_hop(sglang_site, 
     # Kernels are children of their batch; the failing one is an ERROR span.
     kernels = {k["parent_span_id"]: k for k in by_name[KERNEL]}
     assert set(kernels) == {pair["span_id"], single["span_id"]}
+    assert sorted(k["parent_span_id"] for k in by_name[NORM]) == sorted(kernels)
     assert kernels[pair["span_id"]]["status"] == 0 and kernels[single["span_id"]]["status"] == 2
     assert kernels[pair["span_id"]]["attributes"]["sglang.kernel.input.arg1.shape"] == (2, 8)
     assert "mat1 and mat2 shapes cannot be multiplied" in kernels[single["span_id"]]["status_message"]
@@ -116,7 +118,7 @@ def test_kernels_land_in_sglangs_request_traces_across_the_zmq_hop(sglang_site, 
     contents = sok.read_trace_file(_trace_file(scheduler_out))
     assert contents.problems == []
     in_file = {(s.name, s.trace_id, s.span_id) for s in contents.spans}
-    exported = {(s["name"], s["trace_id"], s["span_id"]) for s in spans if s["name"] == KERNEL
+    exported = {(s["name"], s["trace_id"], s["span_id"]) for s in spans if s["name"] in (KERNEL, NORM)
                 or s["name"].startswith(("sglang.forward_batch", "Scheduler [TP 0]"))}
     assert in_file == exported
 
