@@ -93,3 +93,76 @@ def test_requests_reach_their_kernels_in_the_back_end(tmp_path):
     (trace_file,) = tmp_path.glob("sglang_kernel_trace_*.sgltrace")
     recovered = sok.read_trace(trace_file)
     assert {(s.trace_id, s.span_id) for s in recovered} == {(s["trace_id"], s["span_id"]) for s in spans}
+
+
+def _raw_post(port, body: bytes, headers=None):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def start_service(tmp_path, env_settings: dict, *options: str):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update(env_settings)
+    server = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels.example.server", "--port", "0", *options],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = server.stdout.readline()
+    assert line.startswith("listening on http://127.0.0.1:"), line + server.stderr.read()
+    return server, int(line.split(":")[2].split()[0])
+
+
+def stop_service(server):
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=60)
+    assert server.returncode == 0, server.stderr.read()
+
+
+def test_malformed_bodies_get_a_4xx_at_once_and_the_service_keeps_serving(tmp_path):
+    server, port = start_service(tmp_path, {})
+    try:
+        for body, status in [
+            (b'{"tokens": [99999999999999999999]}', 400),  # overflowed torch.tensor and killed the scheduler
+            (b"not json", 400), (b"\xff\xfe", 400), (b'"tokens"', 400), (b'{"tokens": 5}', 400),
+            (b'{"tokens": []}', 400), (b'{"tokens": [1.5]}', 400), (b'{"tokens": [true]}', 400),
+            (b'{"tokens": [-1]}', 400), (b'{"tokens": {"a": 1}}', 400), (b'{}', 400),
+            (json.dumps({"tokens": [1] * 5000}).encode(), 413),
+        ]:
+            code, answer = _raw_post(port, body)
+            assert code == status and answer["error"], (body[:40], code, answer)
+        assert _raw_post(port, b"x" * 10, {"Content-Length": str(2 << 20)})[0] == 413
+        # Still serving, for well-formed requests and kernel failures alike.
+        assert _raw_post(port, b'{"tokens": [1, 2, 3]}')[0] == 200
+        assert _raw_post(port, b'{"tokens": [1, 4000000]}')[0] == 500
+        assert _raw_post(port, b'{"tokens": [3, 2]}')[0] == 200
+    finally:
+        stop_service(server)
+
+
+def test_the_environment_decides_level_and_text_log(tmp_path):
+    server, port = start_service(tmp_path, {"SGLANG_KERNEL_API_LOGLEVEL": "5",
+                                            "SGLANG_KERNEL_API_LOGDEST": str(tmp_path / "kernels.log")})
+    try:
+        assert _raw_post(port, b'{"tokens": [1, 31]}')[0] == 200  # the NaN token: the request itself succeeds
+    finally:
+        stop_service(server)
+    log = (tmp_path / "kernels.log").read_text()
+    assert "SGLang Kernel API Call: sglang.custom_op.rmsnorm" in log and "nan_count=" in log
+    (trace_file,) = tmp_path.glob("sglang_kernel_trace_*.sgltrace")
+    norm = [s for s in sok.read_trace(trace_file) if s.name == "sglang.custom_op.rmsnorm"]
+    assert norm[0].attributes["sglang.kernel.level"] == 5
+    assert norm[0].attributes["sglang.kernel.has_nan"] is True
+
+
+def test_without_the_variables_the_service_defaults_to_level_3_and_no_text_log(tmp_path):
+    server, port = start_service(tmp_path, {})
+    try:
+        assert _raw_post(port, b'{"tokens": [1]}')[0] == 200
+    finally:
+        stop_service(server)
+    assert not list(tmp_path.glob("*.log")) and not (tmp_path / "off").exists()
+    (trace_file,) = tmp_path.glob("sglang_kernel_trace_*.sgltrace")
+    assert {s.attributes["sglang.kernel.level"] for s in sok.read_trace(trace_file)
+            if s.name.startswith("sglang.custom_op")} == {3}

@@ -11,6 +11,10 @@ import torch
 from .. import debug_kernel_api
 
 VOCAB, HIDDEN = 32, 8
+# The last token id has an all-zero embedding: the norm (eps 0) divides zero by
+# zero, so its batch's rmsnorm produces NaN from finite inputs and the NaN
+# flows to the logits, as an overflow or a bad weight row does in a real model.
+NAN_TOKEN = VOCAB - 1
 
 
 def build_model(seed: int = 0, crash: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -18,7 +22,8 @@ def build_model(seed: int = 0, crash: bool = False) -> Callable[[torch.Tensor], 
     `configure`: the kernels are decorated here, as an engine's layers are at import.
     An out-of-range token id makes the embedding kernel fail: an IndexError
     (a device-side assert on a GPU), or with `crash=True` the death of the
-    process by SIGABRT, as an illegal memory access takes a server down."""
+    process by SIGABRT, as an illegal memory access takes a server down.
+    NAN_TOKEN makes NaN (visible at level 5)."""
 
     @debug_kernel_api(op_name="sglang.custom_op.embedding")
     def embedding(token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -36,10 +41,11 @@ def build_model(seed: int = 0, crash: bool = False) -> Callable[[torch.Tensor], 
 
     generator = torch.Generator().manual_seed(seed)
     table = torch.randn(VOCAB, HIDDEN, generator=generator)
+    table[NAN_TOKEN] = 0.0
     norm_weight = torch.ones(HIDDEN)
     head = torch.randn(VOCAB, HIDDEN, generator=generator)
 
     def decode_step(token_ids: torch.Tensor) -> torch.Tensor:
-        return linear(rmsnorm(embedding(token_ids, table), norm_weight, eps=1e-5), head)
+        return linear(rmsnorm(embedding(token_ids, table), norm_weight, eps=0.0), head)
 
     return decode_step

@@ -12,7 +12,16 @@ to its scheduler), to a scheduler thread, which gathers concurrent requests
 for a few milliseconds and runs them as one batch inside `forward_batch`: the
 kernels of each pass are children of the batch span, which links to every
 request. A token id outside the vocabulary fails the embedding kernel and so
-the whole batch, as a device-side assert would on a GPU.
+the whole batch, as a device-side assert would on a GPU; the last token id
+makes NaN (see `model.NAN_TOKEN`, visible at level 5).
+
+The level and the text log come from SGLang's variables
+(`SGLANG_KERNEL_API_LOGLEVEL`, `SGLANG_KERNEL_API_LOGDEST`) like any program
+using this package; the service's defaults apply only where a variable is
+unset: level 3 and no text log. `--level` overrides the variable. A malformed
+body gets a 4xx answer at once: not JSON, no `tokens` list, a token that is not
+an int in [0, 2**31), an empty list or one longer than MAX_TOKENS, a body over
+MAX_BODY bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import queue
 import signal
 import sys
@@ -37,6 +47,10 @@ from .model import VOCAB, build_model
 MAX_BATCH = 8
 BATCH_WINDOW_S = 0.005
 REQUEST_TIMEOUT_S = 60.0
+MAX_TOKENS = 4096
+MAX_BODY = 1 << 20
+TOKEN_LIMIT = 1 << 31  # ids beyond the vocabulary but below this reach the kernel, which fails on them
+DEFAULT_LEVEL = 3
 
 
 class Pending:
@@ -80,18 +94,18 @@ class Scheduler:
         while True:
             batch = self._gather()
             self.batches += 1
-            width = max(len(p.tokens) for p in batch)
-            token_ids = torch.tensor([p.tokens + [0] * (width - len(p.tokens)) for p in batch])
             try:
+                width = max(len(p.tokens) for p in batch)
+                token_ids = torch.tensor([p.tokens + [0] * (width - len(p.tokens)) for p in batch])
                 with forward_batch([(p.carrier, p.rid) for p in batch], name="decode_batch",
                                    attributes={"sglang.forward_mode": "decode"}):
                     logits = self.model(token_ids)
+                next_tokens = logits.argmax(-1)
             except Exception as exc:  # the kernel failed: so did every request of the batch
                 for pending in batch:
                     pending.error = f"{type(exc).__name__}: {exc}"
                     pending.done.set()
                 continue
-            next_tokens = logits.argmax(-1)
             for row, pending in enumerate(batch):
                 pending.result = next_tokens[row, : len(pending.tokens)].tolist()
                 pending.done.set()
@@ -103,17 +117,36 @@ def _respond(start_response, status: str, body: dict[str, Any]) -> list[bytes]:
     return [payload]
 
 
+def _tokens(body: bytes) -> list[int]:
+    """The request's token ids, or ValueError saying what is wrong."""
+    try:
+        request = json.loads(body)
+    except ValueError as exc:  # also bytes that are not UTF-8
+        raise ValueError(f"the body is not JSON: {exc}") from None
+    tokens = request.get("tokens") if isinstance(request, dict) else None
+    if not isinstance(tokens, list) or not tokens:
+        raise ValueError('the body must be {"tokens": [...]} with a non-empty list')
+    if not all(type(t) is int and 0 <= t < TOKEN_LIMIT for t in tokens):
+        raise ValueError(f"tokens must be ints in [0, {TOKEN_LIMIT})")
+    return tokens
+
+
 def make_app(scheduler: Scheduler):
     def app(environ, start_response):
         if environ.get("PATH_INFO") != "/generate" or environ.get("REQUEST_METHOD") != "POST":
             return _respond(start_response, "404 Not Found", {"error": "POST /generate"})
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
-            tokens = json.loads(environ["wsgi.input"].read(length))["tokens"]
-            if not tokens or not all(isinstance(t, int) and t >= 0 for t in tokens):
-                raise ValueError("tokens must be a non-empty list of non-negative ints")
-        except (ValueError, KeyError, TypeError) as exc:
+        except ValueError:
+            return _respond(start_response, "400 Bad Request", {"error": "Content-Length is not a number"})
+        if length > MAX_BODY:
+            return _respond(start_response, "413 Content Too Large", {"error": f"body over {MAX_BODY} bytes"})
+        try:
+            tokens = _tokens(environ["wsgi.input"].read(max(length, 0)))
+        except ValueError as exc:
             return _respond(start_response, "400 Bad Request", {"error": str(exc)})
+        if len(tokens) > MAX_TOKENS:
+            return _respond(start_response, "413 Content Too Large", {"error": f"more than {MAX_TOKENS} tokens"})
         pending = scheduler.submit(tokens)
         if not pending.done.wait(REQUEST_TIMEOUT_S):
             return _respond(start_response, "504 Gateway Timeout", {"error": "the batch did not finish"})
@@ -139,8 +172,15 @@ def start(host: str = "127.0.0.1", port: int = 0, crash: bool = False):
     return make_server(host, port, make_app(scheduler), server_class=_ThreadingServer, handler_class=_QuietHandler)
 
 
-def serve(host: str = "127.0.0.1", port: int = 8000, level: int = 3, crash: bool = False) -> int:
-    configure(level=level, log_dest="off")
+def serve(host: str = "127.0.0.1", port: int = 8000, level: int | None = None, crash: bool = False) -> int:
+    settings: dict[str, Any] = {}
+    if level is not None:
+        settings["level"] = level
+    elif "SGLANG_KERNEL_API_LOGLEVEL" not in os.environ:
+        settings["level"] = DEFAULT_LEVEL
+    if "SGLANG_KERNEL_API_LOGDEST" not in os.environ:
+        settings["log_dest"] = "off"
+    configure(**settings)
     server = start(host, port, crash)
     # Ctrl-C or SIGTERM: stop serving; spans still queued are flushed at exit.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
@@ -158,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    parser.add_argument("--level", type=int, choices=(1, 3, 5), default=3, help="logging level (default 3)")
+    parser.add_argument("--level", type=int, choices=(0, 1, 3, 5, 10), default=None,
+                        help=f"logging level (default: SGLANG_KERNEL_API_LOGLEVEL, else {DEFAULT_LEVEL})")
     parser.add_argument("--crash", action="store_true",
                         help="an out-of-range token kills the process (SIGABRT) instead of failing its batch")
     options = parser.parse_args(argv)
