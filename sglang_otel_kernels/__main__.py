@@ -10,16 +10,24 @@ class _Failure(Exception):
     """A clear one-line error for the user; exit status 2."""
 
 
+def _load(path: str) -> list:
+    """A trace file, or an OTLP JSON file (one contents per process in it)."""
+    from .recover.otlp_json import looks_like_json, read_otlp_json
+    from .recover.reader import read_trace_file
+
+    return read_otlp_json(path) if looks_like_json(path) else [read_trace_file(path)]
+
+
 def _export(options) -> int:
     from .recover.chrome import chrome_json
     from .recover.otlp_json import json_lines
-    from .recover.reader import TraceFileError, read_trace_file
+    from .recover.reader import TraceFileError
 
     try:
-        contents = read_trace_file(options.file)
+        files = _load(options.file)
     except TraceFileError as exc:
         raise _Failure(str(exc)) from None
-    for problem in contents.problems:
+    for problem in files[0].problems:
         print(f"sglang-otel-kernels: {options.file}: {problem}", file=sys.stderr)
     try:
         out = sys.stdout if options.output in (None, "-") else open(options.output, "w", encoding="utf-8")
@@ -27,10 +35,11 @@ def _export(options) -> int:
         raise _Failure(f"cannot write {options.output}: {exc.strerror or exc}") from None
     try:
         if options.format == "chrome":
-            out.write(chrome_json(contents) + "\n")
+            out.write(chrome_json(files) + "\n")
         else:
-            for line in json_lines(contents):
-                out.write(line + "\n")
+            for contents in files:
+                for line in json_lines(contents):
+                    out.write(line + "\n")
     finally:
         if out is not sys.stdout:
             out.close()
@@ -38,28 +47,31 @@ def _export(options) -> int:
 
 
 def _read_all(paths: list[str]) -> list:
-    """The trace files named, a directory standing for every `*.sgltrace`
-    in it (earlier runs' files kept aside included); a file of a directory
-    that cannot be read is skipped with a line on stderr, one named is an error."""
+    """The trace files and OTLP JSON files named, a directory standing for
+    every `*.sgltrace`, `*.json` and `*.jsonl` in it (earlier runs' files kept
+    aside and the Collector's rotated archives included); a file of a
+    directory that cannot be read is skipped with a line on stderr, one named
+    is an error."""
     import glob
     import os
 
-    from .recover.reader import TraceFileError, read_trace_file
+    from .recover.reader import TraceFileError
 
     contents = []
     for path in paths:
         if not os.path.isdir(path):
             try:
-                contents.append(read_trace_file(path))
+                contents.extend(_load(path))
             except TraceFileError as exc:
                 raise _Failure(str(exc)) from None
             continue
-        found = sorted(glob.glob(os.path.join(glob.escape(path), "*.sgltrace")))
+        found = sorted(name for pattern in ("*.sgltrace", "*.json", "*.jsonl")
+                       for name in glob.glob(os.path.join(glob.escape(path), pattern)))
         if not found:
-            raise _Failure(f"{path}: a directory without trace files (*.sgltrace)")
+            raise _Failure(f"{path}: a directory without trace files (*.sgltrace) or OTLP JSON files")
         for name in found:
             try:
-                contents.append(read_trace_file(name))
+                contents.extend(_load(name))
             except TraceFileError as exc:
                 print(f"sglang-otel-kernels: skipped {exc}", file=sys.stderr)
     if not contents:
@@ -227,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export", help="write the spans of a trace file as OTLP JSON lines or a Chrome/Perfetto timeline"
     )
-    export.add_argument("file", help="a trace file (SGLANG_KERNEL_API_TRACEFILE)")
+    export.add_argument("file", help="a trace file (SGLANG_KERNEL_API_TRACEFILE), or an OTLP JSON file (a Collector file exporter archive, our own export)")
     export.add_argument("--format", choices=("otlp-json", "chrome"), default="otlp-json",
                         help="otlp-json: OTLP JSON lines (default); chrome: trace-event JSON for chrome://tracing or Perfetto")
     export.add_argument("-o", "--output", help="output file (default: standard output)")

@@ -1,6 +1,7 @@
-"""The collector and compose files hold together (no collector binary can be
-installed here): every pipeline names only components the file defines, and
-everything listens on, or is published to, localhost."""
+"""The collector and compose files hold together: every pipeline names only
+components the file defines, and everything listens on, or is published to,
+localhost. (The real Collector binary validates and runs the file in
+tests/test_backends.py.)"""
 
 import re
 from pathlib import Path

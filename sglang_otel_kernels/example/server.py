@@ -34,6 +34,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -45,7 +46,7 @@ from .. import configure, forward_batch, inject
 from .model import VOCAB, build_model
 
 MAX_BATCH = 8
-BATCH_WINDOW_S = 0.005
+BATCH_WINDOW_S = 0.005  # requests arriving this long after a batch's first join it
 REQUEST_TIMEOUT_S = 60.0
 MAX_TOKENS = 4096
 MAX_BODY = 1 << 20
@@ -68,8 +69,9 @@ class Pending:
 class Scheduler:
     """Gathers requests into batches and runs the model on them, one thread."""
 
-    def __init__(self, crash: bool = False) -> None:
+    def __init__(self, crash: bool = False, window: float = BATCH_WINDOW_S) -> None:
         self.model = build_model(crash=crash)
+        self.window = window
         self.requests: "queue.Queue[Pending]" = queue.Queue()
         self.batches = 0
         self._ids = itertools.count(1)
@@ -83,9 +85,10 @@ class Scheduler:
 
     def _gather(self) -> list[Pending]:
         batch = [self.requests.get()]
+        deadline = time.monotonic() + self.window
         while len(batch) < MAX_BATCH:
             try:
-                batch.append(self.requests.get(timeout=BATCH_WINDOW_S))
+                batch.append(self.requests.get(timeout=max(deadline - time.monotonic(), 0)))
             except queue.Empty:
                 break
         return batch
@@ -166,13 +169,14 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def start(host: str = "127.0.0.1", port: int = 0, crash: bool = False):
+def start(host: str = "127.0.0.1", port: int = 0, crash: bool = False, window: float = BATCH_WINDOW_S):
     """A server and its scheduler, not yet serving (call serve_forever)."""
-    scheduler = Scheduler(crash=crash)
+    scheduler = Scheduler(crash=crash, window=window)
     return make_server(host, port, make_app(scheduler), server_class=_ThreadingServer, handler_class=_QuietHandler)
 
 
-def serve(host: str = "127.0.0.1", port: int = 8000, level: int | None = None, crash: bool = False) -> int:
+def serve(host: str = "127.0.0.1", port: int = 8000, level: int | None = None, crash: bool = False,
+          window: float = BATCH_WINDOW_S) -> int:
     settings: dict[str, Any] = {}
     if level is not None:
         settings["level"] = level
@@ -181,7 +185,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, level: int | None = None, c
     if "SGLANG_KERNEL_API_LOGDEST" not in os.environ:
         settings["log_dest"] = "off"
     configure(**settings)
-    server = start(host, port, crash)
+    server = start(host, port, crash, window)
     # Ctrl-C or SIGTERM: stop serving; spans still queued are flushed at exit.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"listening on http://{host}:{server.server_address[1]} (vocabulary {VOCAB})", flush=True)
@@ -202,8 +206,12 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"logging level (default: SGLANG_KERNEL_API_LOGLEVEL, else {DEFAULT_LEVEL})")
     parser.add_argument("--crash", action="store_true",
                         help="an out-of-range token kills the process (SIGABRT) instead of failing its batch")
+    parser.add_argument("--batch-window-ms", type=float, default=BATCH_WINDOW_S * 1000,
+                        help="requests arriving this long after a batch's first join it (default %(default)s)")
     options = parser.parse_args(argv)
-    return serve(options.host, options.port, options.level, options.crash)
+    if not 0 <= options.batch_window_ms <= 60_000:
+        parser.error("--batch-window-ms must be between 0 and 60000")
+    return serve(options.host, options.port, options.level, options.crash, options.batch_window_ms / 1000)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ the path) becomes `sglang.kernel.PATH` for a plain value, or
 
 from __future__ import annotations
 
+import math
+
 from ..describe.tensors import TensorInfo
 from ..describe.values import REPR_LIMIT, Elided, Mapping, Opaque, Scalar, Sequence
 from ..schema import PREFIX
@@ -52,11 +54,22 @@ def _text(text: str) -> str:
     return utf8(text[:REPR_LIMIT])
 
 
+def number(value: float):
+    """A float attribute, or for NaN and infinities the text `nan`, `inf`,
+    `-inf`: Jaeger's query API cannot write a non-finite number as JSON and
+    answers 500 for the whole trace, the very trace that holds the NaN."""
+    if math.isfinite(value):
+        return value
+    return "nan" if value != value else "inf" if value > 0 else "-inf"
+
+
 def _primitive(node: Scalar):
     value = node.value
     kind = type(value)
-    if kind is bool or kind is float:
+    if kind is bool:
         return value
+    if kind is float:
+        return number(value)
     if kind is int:
         # OTLP carries int64; a larger Python int would fail the export.
         return value if _INT64[0] <= value <= _INT64[1] else _text(node.text)
@@ -80,9 +93,9 @@ def add_value(attrs: dict, path: str, node, with_stats: bool, nonfinite: list) -
         if with_stats:
             if node.stats is not None:
                 low, high, mean, nans, infs = node.stats
-                attrs[keys[6]] = low
-                attrs[keys[7]] = high
-                attrs[keys[8]] = mean
+                attrs[keys[6]] = number(low)
+                attrs[keys[7]] = number(high)
+                attrs[keys[8]] = number(mean)
                 attrs[keys[9]] = nans
                 attrs[keys[10]] = infs
                 attrs[keys[11]] = nans > 0

@@ -1,6 +1,8 @@
 """Recovered spans as OTLP JSON lines: one `ExportTraceServiceRequest` per
 line, in the protobuf JSON mapping with OTLP's hex trace and span ids, as the
-Collector's file exporter and the official FileSpanExporter write them.
+Collector's file exporter and the official FileSpanExporter write them; and
+such files read back (`read_otlp_json`), so a report or a timeline can be made
+from what a gateway archived.
 
 A span still in flight when the process died ends, in this form, at the
 newest time the file holds, with status ERROR and `sglang.kernel.in_flight`.
@@ -11,9 +13,12 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 from typing import Any, Iterable, Iterator
 
-from .reader import RecoveredSpan, TraceFileContents
+from ..schema import IN_FLIGHT
+from ..text import utf8
+from .reader import RecoveredSpan, TraceFileContents, TraceFileError, open_regular
 
 _STATUS_CODES = {"UNSET": 0, "OK": 1, "ERROR": 2}
 # Span flags: the W3C trace flags, plus whether the parent is known to be remote.
@@ -107,3 +112,226 @@ def requests(contents: TraceFileContents, spans: Iterable[RecoveredSpan] | None 
 def json_lines(contents: TraceFileContents, batch: int = 512) -> Iterator[str]:
     for request in requests(contents, batch=batch):
         yield json.dumps(request, separators=(",", ":"), allow_nan=False)
+
+
+# -- reading: what the Collector's file exporter archived, or our own export --
+
+MAX_JSON_BYTES = 1 << 30  # an archive file the Collector rotates at 100 MB by our config
+_MAX_DEPTH = 16
+_INT64 = 1 << 63
+_KINDS = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3,
+          "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
+_CODES = {0: "UNSET", 1: "OK", 2: "ERROR", "STATUS_CODE_UNSET": "UNSET", "STATUS_CODE_OK": "OK",
+          "STATUS_CODE_ERROR": "ERROR"}
+
+
+class Malformed(ValueError):
+    """A span or value that is not OTLP JSON."""
+
+
+def looks_like_json(path: str) -> bool:
+    """Whether the regular file at `path` starts (after blanks) with `{`:
+    a trace file starts with its magic bytes."""
+    fd = open_regular(path)
+    try:
+        head = os.pread(fd, 4096, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return head.lstrip()[:1] == b"{"
+
+
+def _id(value, size: int, what: str) -> int:
+    """An id as OTLP JSON writes it (hex), or as the plain protobuf JSON
+    mapping would (base64); 0 for an absent one."""
+    if value in (None, ""):
+        return 0
+    if isinstance(value, str):
+        if len(value) == 2 * size:
+            try:
+                return int(value, 16)
+            except ValueError:
+                pass
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except ValueError:
+            raw = b""
+        if len(raw) == size:
+            return int.from_bytes(raw, "big")
+    raise Malformed(f"{what} is not a {size}-byte id: {str(value)[:40]!r}")
+
+
+def _time(value, what: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise Malformed(f"{what} is not a time: {str(value)[:40]!r}") from None
+    if not 0 <= number < _INT64 or isinstance(value, bool):
+        raise Malformed(f"{what} out of range: {number}")
+    return number
+
+
+def _any(value, depth: int = 0):
+    """An AnyValue as a plain value."""
+    if not isinstance(value, dict) or depth > _MAX_DEPTH:
+        raise Malformed("not an AnyValue")
+    if not value:
+        return None
+    (kind, item), *_ = value.items()
+    if kind == "stringValue" and isinstance(item, str):
+        return utf8(item)
+    if kind == "boolValue" and isinstance(item, bool):
+        return item
+    if kind == "intValue" and not isinstance(item, bool):
+        number = int(item) if isinstance(item, (int, str)) and str(item).lstrip("-").isdigit() else None
+        if number is not None and -_INT64 <= number < _INT64:
+            return number
+    if kind == "doubleValue":
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            return float(item)
+        if item in ("NaN", "Infinity", "-Infinity"):
+            return float(item.replace("Infinity", "inf"))
+    if kind == "bytesValue" and isinstance(item, str):
+        try:
+            return base64.b64decode(item, validate=True)
+        except ValueError:
+            pass
+    if kind == "arrayValue" and isinstance(item, dict):
+        return tuple(_any(element, depth + 1) for element in _list(item.get("values")))
+    if kind == "kvlistValue" and isinstance(item, dict):
+        return _key_values(item.get("values"), depth + 1)
+    raise Malformed(f"not an AnyValue: {kind}")
+
+
+def _list(value) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise Malformed("a list expected")
+    return value
+
+
+def _key_values(items, depth: int = 0) -> dict:
+    out = {}
+    for item in _list(items):
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+            raise Malformed("an attribute without a key")
+        out[utf8(item["key"])] = _any(item.get("value") or {}, depth)
+    return out
+
+
+def _span(span: dict, scope: tuple[str, str]) -> RecoveredSpan:
+    if not isinstance(span, dict) or not isinstance(span.get("name", ""), str):
+        raise Malformed("a span is not an object with a name")
+    attributes = _key_values(span.get("attributes"))
+    status = span.get("status") or {}
+    kind = span.get("kind", 1)
+    kind = _KINDS.get(kind, kind) if isinstance(kind, str) else kind
+    flags = span.get("flags", 1)
+    if not isinstance(kind, int) or not 0 <= kind <= 5 or not isinstance(flags, int) or not isinstance(status, dict):
+        raise Malformed("a span's kind, flags or status is malformed")
+    in_flight = attributes.get(IN_FLIGHT) is True
+    thread = attributes.get("thread.id")
+    thread_name = attributes.get("thread.name")
+    return RecoveredSpan(
+        name=utf8(span.get("name", "")),
+        trace_id=_id(span.get("traceId"), 16, "traceId") or _raise("a span without a traceId"),
+        span_id=_id(span.get("spanId"), 8, "spanId") or _raise("a span without a spanId"),
+        parent_span_id=_id(span.get("parentSpanId"), 8, "parentSpanId"),
+        parent_is_remote=flags & (_HAS_IS_REMOTE | _IS_REMOTE) == _HAS_IS_REMOTE | _IS_REMOTE,
+        kind=max(kind - 1, 0),
+        start_time=_time(span.get("startTimeUnixNano"), "startTimeUnixNano"),
+        # A call our export wrote as in flight ends at the file's newest time, which is no end.
+        end_time=None if in_flight else _time(span.get("endTimeUnixNano"), "endTimeUnixNano"),
+        status_code=_CODES.get(status.get("code", 0), "UNSET"),
+        status_description=utf8(status["message"]) if isinstance(status.get("message"), str) else "",
+        attributes=attributes,
+        events=[(utf8(str(event.get("name", ""))), _time(event.get("timeUnixNano"), "an event's time"),
+                 _key_values(event.get("attributes"))) for event in _list(span.get("events"))
+                if isinstance(event, dict) or _raise("an event is not an object")],
+        links=[(_id(link.get("traceId"), 16, "a link's traceId"), _id(link.get("spanId"), 8, "a link's spanId"),
+                _key_values(link.get("attributes"))) for link in _list(span.get("links"))
+               if isinstance(link, dict) or _raise("a link is not an object")],
+        thread_id=thread if isinstance(thread, int) else 0,
+        thread_name=thread_name if isinstance(thread_name, str) else None,
+        scope_name=scope[0], scope_version=scope[1], trace_flags=flags & 0xFF, in_flight=in_flight,
+    )
+
+
+def _raise(message: str):
+    raise Malformed(message)
+
+
+def _documents(data: bytes, problems: list[str]) -> Iterator[dict]:
+    """Each ExportTraceServiceRequest in the file: one per line (the
+    Collector's file exporter, our export), or the whole file as one."""
+    lines = [line for line in data.splitlines() if line.strip()]
+    parsed = []
+    for number, line in enumerate(lines, 1):
+        try:
+            parsed.append(json.loads(line))
+        except ValueError:
+            parsed.append(None)
+            problems.append(f"line {number}: not JSON, left out")
+    if parsed and all(document is None for document in parsed) and len(lines) > 1:
+        try:
+            parsed, problems[:] = [json.loads(data)], []
+        except ValueError:
+            pass
+    return (document for document in parsed if document is not None)
+
+
+def read_otlp_json(path: str) -> "list[TraceFileContents]":
+    """The spans of an OTLP JSON file, one TraceFileContents per resource
+    (a process), as the report and the Chrome export take them. Malformed
+    spans are left out and counted; the file is read as hostile input."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > MAX_JSON_BYTES:
+            raise TraceFileError(f"{path}: {size} bytes, more than the {MAX_JSON_BYTES} read as OTLP JSON")
+        data = os.pread(fd, size, 0)
+    except OSError as exc:
+        raise TraceFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    problems: list[str] = []
+    processes: dict[str, tuple[dict, list[RecoveredSpan]]] = {}
+    skipped = 0
+    for document in _documents(data, problems):
+        resource_spans = document.get("resourceSpans") if isinstance(document, dict) else None
+        if not isinstance(resource_spans, list):
+            problems.append("a line without resourceSpans, left out")
+            continue
+        for entry in resource_spans:
+            try:
+                resource = _key_values(((entry.get("resource") or {}).get("attributes")))
+                scope_spans = _list(entry.get("scopeSpans"))
+            except (Malformed, AttributeError):
+                skipped += 1
+                continue
+            key = json.dumps(resource, sort_keys=True, default=repr)
+            spans = processes.setdefault(key, (resource, []))[1]
+            for scope_entry in scope_spans:
+                scope = scope_entry.get("scope") if isinstance(scope_entry, dict) else None
+                scope = scope if isinstance(scope, dict) else {}
+                names = (utf8(str(scope.get("name", ""))), utf8(str(scope.get("version", ""))))
+                for span in _list(scope_entry.get("spans") if isinstance(scope_entry, dict) else None):
+                    try:
+                        spans.append(_span(span, names))
+                    except (Malformed, AttributeError, TypeError):
+                        skipped += 1
+    if skipped:
+        problems.append(f"{skipped} malformed span(s) left out")
+    if not processes:
+        raise TraceFileError(f"{path}: no OTLP JSON spans in it" + (f" ({problems[0]})" if problems else ""))
+    out = []
+    for resource, spans in processes.values():
+        spans.sort(key=lambda span: span.start_time)
+        times = [t for span in spans for t in (span.start_time, span.end_time or 0)]
+        metadata = {"resource": resource, "pid": resource.get("process.pid"), "host": resource.get("host.name"),
+                    "format": "OTLP JSON"}
+        out.append(TraceFileContents(path=path, metadata=metadata, spans=spans, records=len(spans), skipped=skipped,
+                                     problems=list(problems), last_time=max(times, default=0)))
+    return out
