@@ -88,7 +88,16 @@ def _report(options) -> int:
         raise _Failure("--last must be 0 or more")
     contents = _read_all(options.files)
     report = build_report(contents, last=options.last)
-    if options.json:
+    if options.html:
+        from .recover.html import render_html
+
+        try:
+            with open(options.html, "w", encoding="utf-8") as out:
+                out.write(render_html(contents, report))
+        except OSError as exc:
+            raise _Failure(f"cannot write {options.html}: {exc.strerror or exc}") from None
+        print(f"wrote {options.html}")
+    elif options.json:
         print(json.dumps(report, indent=2, default=repr))
     else:
         sys.stdout.write(render_text(report))
@@ -172,7 +181,9 @@ def _follow(options) -> int:
     except ValueError as exc:
         raise _Failure(str(exc)) from None
     try:
-        sent, in_flight, dropped = follow(options.file, exporter, alive=parent_watch(options.pid),
+        # Without --pid the file's writer is followed until it ends (the lock it holds while it lives).
+        watch = parent_watch(options.pid) if options.pid is not None else None
+        sent, in_flight, dropped = follow(options.file, exporter, alive=watch,
                                           interval=options.interval, wait_s=options.wait,
                                           kernels_only=options.kernels_only)
     except TraceFileError as exc:
@@ -181,9 +192,12 @@ def _follow(options) -> int:
         return 0
     finally:
         exporter.shutdown()
-    if options.pid is None or in_flight or dropped:
-        print(f"sglang-otel-kernels: followed {options.file}: {sent} spans sent to {target} "
-              f"({in_flight} in flight when the process ended, {dropped} dropped)", file=sys.stderr)
+    summary = (f"followed {options.file} until its writer ended: {sent} spans sent to {target} "
+               f"({in_flight} in flight when the process ended, {dropped} dropped)")
+    if options.pid is None:
+        print(summary)  # run by hand: the result, on stdout
+    elif in_flight or dropped:
+        print(f"sglang-otel-kernels: {summary}", file=sys.stderr)  # the sidecar: a note beside the application's output
     return 0
 
 
@@ -211,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
             "2 bad usage or an input that cannot be read (one line on stderr)."
         ),
     )
+    from ._version import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo", help="run the example service with a request that makes a kernel fail, then print the crash report"
@@ -226,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="trace files (one per rank merge by time), or directories of them")
     report.add_argument("--last", type=int, default=10, metavar="N", help="completed calls to list (default 10)")
     report.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    report.add_argument("--html", metavar="OUT",
+                        help="write the report as one self-contained HTML page (timeline per thread, "
+                             "the crash highlighted; no network needed to view it)")
     report.set_defaults(handler=_report)
     replay = commands.add_parser(
         "replay", help="send the spans of trace files to an OTLP back end, with their original ids"

@@ -23,6 +23,7 @@ OFF = "off"
 KERNELS = "kernels"
 DEFAULT_TRACE_FILE = "sglang_kernel_trace_%i.sgltrace"
 DEFAULT_TRACE_FILE_SIZE = 16 * 1024 * 1024
+DEFAULT_TRACE_FILE_KEEP = 20
 MIN_TRACE_FILE_SIZE = 64 * 1024
 MAX_TRACE_FILE_SIZE = 1 << 40
 MAX_BYTES = 1 << 50
@@ -45,6 +46,9 @@ class KernelTraceConfig:
     trace_file: the crash-safe trace file, a path ("%i" becomes the pid) or "off".
     trace_file_size: its capacity in bytes; the newest records are kept.
     trace_file_fsync: msync each record, for power-loss durability (slow).
+    trace_file_keep: of the files earlier runs left under the same name
+        pattern, the newest this many stay; older ones that hold nothing
+        eventful (no crash, no failure, no traceback) are removed; 0 keeps all.
     faulthandler: write the Python traceback of a fatal signal beside the trace file.
     blackbox: kernel calls into the trace file alone, at level-1 detail (name,
         call number, times, thread, status, inside the span around the call),
@@ -71,6 +75,7 @@ class KernelTraceConfig:
     trace_file: str = DEFAULT_TRACE_FILE
     trace_file_size: int = DEFAULT_TRACE_FILE_SIZE
     trace_file_fsync: bool = False
+    trace_file_keep: int = DEFAULT_TRACE_FILE_KEEP
     faulthandler: bool = True
     blackbox: bool = False
     dump_dir: str = DEFAULT_DUMP_DIR
@@ -111,9 +116,19 @@ def parse_size(text: str) -> int:
     return check_size(parse_bytes(text))
 
 
+class OutOfRange(ValueError):
+    """A setting that parsed but lies outside its range; `nearest` is the bound used instead."""
+
+    def __init__(self, message: str, nearest: Any, shown: str) -> None:
+        super().__init__(message)
+        self.nearest, self.shown = nearest, shown
+
+
 def check_size(size: int) -> int:
-    if not MIN_TRACE_FILE_SIZE <= size <= MAX_TRACE_FILE_SIZE:
-        raise ValueError(f"between {MIN_TRACE_FILE_SIZE} bytes (64K) and {MAX_TRACE_FILE_SIZE} (1T)")
+    if size < MIN_TRACE_FILE_SIZE:
+        raise OutOfRange(f"below the minimum, 64K ({MIN_TRACE_FILE_SIZE} bytes)", MIN_TRACE_FILE_SIZE, "64K")
+    if size > MAX_TRACE_FILE_SIZE:
+        raise OutOfRange(f"above the maximum, 1T ({MAX_TRACE_FILE_SIZE} bytes)", MAX_TRACE_FILE_SIZE, "1T")
     return size
 
 
@@ -149,6 +164,9 @@ def _from_env(environ: Mapping[str, str], name: str, parse: Callable[[str], Any]
         return default
     try:
         return parse(raw)
+    except OutOfRange as exc:
+        warn(f"{name}={raw!r} is {exc}: using {exc.shown}")
+        return exc.nearest
     except (ValueError, OverflowError) as exc:
         warn(f"cannot parse {name}={raw!r} ({exc}), using {default!r}")
         return default
@@ -177,6 +195,7 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         trace_file=trace_file,
         trace_file_size=_from_env(environ, "SGLANG_KERNEL_API_TRACEFILE_SIZE", parse_size, DEFAULT_TRACE_FILE_SIZE),
         trace_file_fsync=_from_env(environ, "SGLANG_KERNEL_API_TRACEFILE_FSYNC", parse_flag, False),
+        trace_file_keep=_from_env(environ, "SGLANG_KERNEL_API_TRACEFILE_KEEP", parse_count, DEFAULT_TRACE_FILE_KEEP),
         faulthandler=_from_env(environ, "SGLANG_KERNEL_API_FAULTHANDLER", parse_flag, True),
         blackbox=_from_env(environ, "SGLANG_KERNEL_API_BLACKBOX", parse_flag, False),
         dump_dir=environ.get("SGLANG_KERNEL_API_DUMP_DIR", "").strip() or DEFAULT_DUMP_DIR,
@@ -219,6 +238,7 @@ def configure(
     trace_file: str | None = None,
     trace_file_size: int | None = None,
     trace_file_fsync: bool | None = None,
+    trace_file_keep: int | None = None,
     faulthandler: bool | None = None,
     blackbox: bool | None = None,
     dump_dir: str | None = None,
@@ -261,6 +281,10 @@ def configure(
             raise ValueError(f"trace_file_size must be {exc}; got {trace_file_size!r}") from None
     if trace_file_fsync is not None:
         changes["trace_file_fsync"] = bool(trace_file_fsync)
+    if trace_file_keep is not None:
+        if isinstance(trace_file_keep, bool) or not isinstance(trace_file_keep, int) or trace_file_keep < 0:
+            raise ValueError(f"trace_file_keep must be a non-negative int; got {trace_file_keep!r}")
+        changes["trace_file_keep"] = trace_file_keep
     if faulthandler is not None:
         changes["faulthandler"] = bool(faulthandler)
     if blackbox is not None:

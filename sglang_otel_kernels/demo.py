@@ -129,6 +129,21 @@ def _run_crashing(level: int) -> int:
         return 0
     path = os.path.abspath(configured.replace("%i", str(child.pid)))
     _report(path)
-    print(f"\nTo see these calls inside their request traces in Jaeger (or any OTLP back end):\n"
-          f"    sglang-otel-kernels replay {os.path.basename(path)} --endpoint http://127.0.0.1:4317")
+    print(_export_hint(os.path.basename(path)))
     return 0
+
+
+def _export_hint(name: str) -> str:
+    """What to do to see the crash in a back end, for the settings in force."""
+    from .config import get_config
+
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if endpoint and get_config().export_sidecar:
+        return (f"\nThe export sidecar sent these spans to {endpoint}, the call in flight included: "
+                "open its request trace in Jaeger (or your OTLP back end).")
+    if endpoint:
+        return (f"\nIn-process export loses the call in flight; to send the whole file to {endpoint}:\n"
+                f"    sglang-otel-kernels replay {name}")
+    return ("\nTo see these calls inside their request traces in Jaeger (or any OTLP back end), "
+            "for example the local Collector of the README:\n"
+            f"    sglang-otel-kernels replay {name} --endpoint http://127.0.0.1:4317")

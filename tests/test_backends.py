@@ -6,6 +6,7 @@ v2 (collector-config/jaeger.yaml, in-memory storage). Everything is checked
 through Jaeger's query HTTP API, what its UI renders, and the Collector's
 file archive is read back by our own `report` and `export`."""
 
+import contextlib
 import json
 import os
 import signal
@@ -178,9 +179,18 @@ def world(tmp_path_factory):
         subprocess.run(["bash", os.path.join(ROOT, ".ci", "backends")], check=True, timeout=3600)
     tmp_path = tmp_path_factory.mktemp("backends")
     jaeger = Jaeger(tmp_path)
-    everything = Collector(tmp_path, jaeger, 100, str(tmp_path / "archive" / "kernels.jsonl"))
-    sampled = Collector(tmp_path, jaeger, 0, str(tmp_path / "archive-0" / "kernels.jsonl"))
     try:
+        yield from _run_world(tmp_path, jaeger)
+    finally:
+        jaeger.stop()
+
+
+def _run_world(tmp_path, jaeger: Jaeger):
+    with contextlib.ExitStack() as collectors:  # stopped (and flushed) before the checks, whatever happens
+        everything = Collector(tmp_path, jaeger, 100, str(tmp_path / "archive" / "kernels.jsonl"))
+        collectors.callback(everything.stop)
+        sampled = Collector(tmp_path, jaeger, 0, str(tmp_path / "archive-0" / "kernels.jsonl"))
+        collectors.callback(sampled.stop)
         world = {"jaeger": jaeger, "tmp": tmp_path, "archive": everything.archive}
         world["all"] = _workload(tmp_path, "example-all", everything.endpoint, 0x1000)
         world["none"] = _workload(tmp_path, "example-none", sampled.endpoint, 0x2000)
@@ -196,11 +206,7 @@ def world(tmp_path_factory):
         expected = [world["all"]["nan"], world["none"]["nan"], world["crash_sidecar"], world["crash_replay"]]
         _wait("the sampled traces in Jaeger", lambda: all(_has(jaeger, t) for t in expected), timeout=90)
         time.sleep(3)  # the healthy traces' decisions, made in the same tick, reach Jaeger too
-    finally:
-        everything.stop()
-        sampled.stop()
     yield world
-    jaeger.stop()
 
 
 def _has(jaeger: Jaeger, trace_id: int) -> bool:

@@ -41,6 +41,10 @@ def test_demo_crash_reports_what_the_dead_process_left(tmp_path):
     assert_batch_inputs_match_requests(crashed.split("Also unfinished")[0], None)
     assert "Fatal Python error: Aborted" in crashed
     assert "in embedding" in crashed  # where Python was, from the saved traceback
+    # The five requests were one batch (the demo's batching window), as the README shows.
+    assert "batch decode_batch: requests req-0001, req-0002, req-0003, req-0004, req-0005 (5 traces linked)" in crashed
+    # No endpoint set: the hint is to replay the file to a local Collector.
+    assert "replay sglang_kernel_trace_" in out and "--endpoint http://127.0.0.1:4317" in out
 
 
 def assert_batch_inputs_match_requests(block: str, request_id) -> None:
@@ -82,5 +86,8 @@ def test_demo_crash_with_an_endpoint_exports_the_call_in_flight(tmp_path):
                    and s["attributes"].get("sglang.kernel.in_flight")]
         assert dying["status"] == 2 and dying["attributes"]["sglang.kernel.input.arg0.dtype"] == "torch.int64"
         assert any(s["name"] == "decode_batch" for s in spans)
+        # The hint says what happened with this endpoint, not a replay to another one.
+        assert f"The export sidecar sent these spans to {receiver.endpoint}" in proc.stdout
+        assert "replay" not in proc.stdout.split("CRASHED")[1]
     finally:
         receiver.stop()

@@ -116,7 +116,59 @@ def test_export_chrome_timeline(left_file, tmp_path):
     else:
         assert embedding["cname"] == "bad" and embedding["args"]["status"] == "ERROR"
     assert embedding["args"]["sglang.kernel.input.arg0.shape"] == [1, 2]
-    assert all(e["dur"] >= 0 and e["tid"] == embedding["tid"] for e in events)
+    # One small tid for the one thread (Perfetto's importer takes 32-bit tids).
+    assert all(e["dur"] >= 0 and e["tid"] == embedding["tid"] == 1 for e in events)
+    if mode == "crash":  # the call in flight is the newest record: it is drawn, not zero-wide
+        assert embedding["dur"] >= 1000 and "unknown" in embedding["args"]["end"]
+
+
+def test_report_and_timeline_from_our_own_otlp_json_export(left_file, tmp_path):
+    mode, path = left_file
+    exported = tmp_path / "spans.jsonl"
+    assert cli("export", str(path), "-o", str(exported)).returncode == 0
+    from_file, from_json = cli("report", str(path)), cli("report", str(exported))
+    assert from_json.returncode == from_file.returncode == 1, from_json.stderr
+    section = "CRASHED: 1 kernel call(s) were running" if mode == "crash" else "Failed calls (1):"
+    assert section in from_json.stdout
+    assert "batch decode_batch: requests req-1, req-2 (2 traces linked)" in from_json.stdout
+    assert "First call that produced NaN/Inf from finite inputs:\n  sglang.custom_op.rmsnorm" in from_json.stdout
+    timeline = tmp_path / "timeline.json"
+    assert cli("export", str(exported), "--format", "chrome", "-o", str(timeline)).returncode == 0
+    names = [e["name"] for e in json.loads(timeline.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert names.count("sglang.custom_op.rmsnorm") == 2
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"{not json\n", "no OTLP JSON spans"),
+    (b'{"resourceSpans": 5}\n', "no OTLP JSON spans"),
+    (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "x", "traceId": "zz", "spanId": 3}]}]}]}\n',
+     "no OTLP JSON spans"),
+])
+def test_hostile_otlp_json_is_a_clear_error(tmp_path, content, message):
+    path = tmp_path / "archive.jsonl"
+    path.write_bytes(content)
+    proc = cli("report", str(path))
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_malformed_spans_in_otlp_json_are_left_out_and_counted(tmp_path):
+    good = {"name": "k", "traceId": "ab" * 16, "spanId": "cd" * 8, "startTimeUnixNano": "1000",
+            "endTimeUnixNano": "2000", "status": {"code": 2, "message": "boom"},
+            "attributes": [{"key": "sglang.kernel.name", "value": {"stringValue": "k"}},
+                           {"key": "deep", "value": {"arrayValue": {"values": [{"doubleValue": "NaN"}]}}}]}
+    bad = [dict(good, traceId="00"), dict(good, startTimeUnixNano="-5"), dict(good, attributes=[{"value": {}}]),
+           dict(good, events=[5]), "not a span"]
+    line = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "s"}}]},
+                               "scopeSpans": [{"scope": {"name": "t"}, "spans": [good, *bad]}]}]}
+    path = tmp_path / "archive.jsonl"
+    path.write_text(json.dumps(line) + "\nnot json\n")
+    proc = cli("report", "--json", str(path))
+    assert proc.returncode == 1, proc.stderr  # the ERROR span is a failed call
+    report = json.loads(proc.stdout)
+    [failed] = report["failed"]
+    assert failed["name"] == "k" and failed["description"] == "boom"
+    problems = json.dumps(report)
+    assert "5 malformed span(s) left out" in problems and "line 2: not JSON" in problems
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])

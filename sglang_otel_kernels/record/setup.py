@@ -8,6 +8,7 @@ request spans land in the same place.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import functools
 import importlib
@@ -204,16 +205,19 @@ def make_writer(cfg: "_config.KernelTraceConfig") -> "tracefile.TraceFileWriter 
         capacity=cfg.trace_file_size,
         fsync=cfg.trace_file_fsync,
         metadata=metadata,
-        on_open=functools.partial(_on_open, cfg.faulthandler, cfg.export_sidecar),
+        on_open=functools.partial(_on_open, cfg.faulthandler, cfg.export_sidecar, cfg.trace_file, cfg.trace_file_keep),
         on_failure=_no_sidecar if cfg.export_sidecar else None,
     )
 
 
-def _on_open(faulthandler_wanted: bool, sidecar_wanted: bool, trace_path: str) -> None:
+def _on_open(faulthandler_wanted: bool, sidecar_wanted: bool, template: str, keep: int, trace_path: str) -> None:
     if faulthandler_wanted:
         _enable_faulthandler(trace_path)
     if sidecar_wanted:
         _start_sidecar(trace_path)
+    from ..recover.retention import prune_in_background
+
+    prune_in_background(template, trace_path, keep)
 
 
 def _no_sidecar() -> None:
@@ -265,17 +269,38 @@ def _enable_faulthandler(trace_path: str) -> None:
     try:
         # Never through a link, never a FIFO; the writer moved an earlier
         # run's traceback aside with its trace file.
-        fd = files.open_regular(tracefile.traceback_path(trace_path),
-                                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW)
+        path = tracefile.traceback_path(trace_path)
+        fd = files.open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW)
         os.fchmod(fd, 0o600)  # whatever the umask, and for a file that existed
         new_file = os.fdopen(fd, "w")
         faulthandler.enable(file=new_file, all_threads=True)
     except (OSError, ValueError, RuntimeError) as exc:
         warn(f"cannot enable faulthandler ({exc})")
         return
-    previous, _faulthandler_file = _faulthandler_file, new_file
+    previous, _faulthandler_file = _faulthandler_file, (new_file, path)
     if previous is not None:
-        previous.close()
+        previous[0].close()
+    else:
+        atexit.register(_remove_empty_traceback)
+
+
+def _remove_empty_traceback() -> None:
+    """At a clean exit nothing was written to the traceback file: it is
+    removed (only if the path still names our file), so runs leave nothing
+    empty behind. A process that dies keeps it, written or not."""
+    if _faulthandler_file is None:
+        return
+    handle, path = _faulthandler_file
+    try:
+        mine = os.fstat(handle.fileno())
+        if mine.st_size:
+            return
+        faulthandler.disable()
+        there = os.stat(path, follow_symlinks=False)
+        if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def _after_fork_in_child() -> None:

@@ -20,7 +20,8 @@ from ..record.export import ExportSampler
 from .otlp_json import resource_attributes
 from ..record import tracefile as fmt
 from ..schema import NAME
-from .reader import GAP, Assembler, TraceFileError, map_trace_file, read_header, record_at, scan, with_gaps
+from .reader import (GAP, Assembler, TraceFileError, map_trace_file, read_header, record_at, scan, with_gaps,
+                     writer_alive)
 from .replay import BATCH, readable
 
 # Spans kept for a back end that does not take them, then the oldest are dropped.
@@ -112,10 +113,18 @@ def parent_watch(pid: int | None) -> Callable[[], bool]:
     return alive
 
 
-def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lambda: True,
+def writer_watch(path: str) -> Callable[[], bool]:
+    """Whether the file's writer still runs, by the lock it holds while it
+    lives (exact, unlike a pid that the system may give to another process);
+    true until the file exists."""
+    return lambda: not os.path.exists(path) or writer_alive(path)
+
+
+def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | None = None,
            interval: float = 0.2, wait_s: float = 60.0, kernels_only: bool = False) -> tuple[int, int, int]:
     """Exports the spans of the file at `path` as they end until `alive()`
-    turns false, then those still in flight (status ERROR, in flight), and
+    (default: the file's writer holds its lock) turns false, then those still
+    in flight (status ERROR, in flight), and
     returns (spans sent, of which in flight, spans dropped). OTEL_TRACES_SAMPLER
     chooses the spans that ended, as it does in the application; calls in
     flight when the process ended are the crash and always go. With
@@ -123,6 +132,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] = lam
     own provider after this package's) the ended spans of the application,
     which exports them itself, are left out; its spans in flight at the end,
     never exported by it, still go."""
+    alive = alive or writer_watch(path)
     deadline = time.monotonic() + wait_s
     while not os.path.exists(path):  # the writer creates it on its first record
         if not alive():

@@ -52,6 +52,11 @@ def key_values(attributes: dict) -> list[dict]:
 
 def span_json(span: RecoveredSpan, last_time: int) -> dict:
     end_time = span.end_time if span.end_time is not None else max(last_time, span.start_time)
+    attributes = dict(span.attributes)
+    # OpenTelemetry's thread attributes, so that the file read back names the threads.
+    attributes.setdefault("thread.id", span.thread_id)
+    if span.thread_name:
+        attributes.setdefault("thread.name", span.thread_name)
     flags = (span.trace_flags & 0xFF) | _HAS_IS_REMOTE | (_IS_REMOTE if span.parent_is_remote else 0)
     out = {
         "traceId": f"{span.trace_id:032x}",
@@ -61,7 +66,7 @@ def span_json(span: RecoveredSpan, last_time: int) -> dict:
         "kind": span.kind + 1,  # the API counts from INTERNAL = 0, OTLP from INTERNAL = 1
         "startTimeUnixNano": str(span.start_time),
         "endTimeUnixNano": str(end_time),
-        "attributes": key_values(span.attributes),
+        "attributes": key_values(attributes),
         "events": [
             {"timeUnixNano": str(time), "name": name, "attributes": key_values(attributes)}
             for name, time, attributes in span.events
@@ -324,10 +329,12 @@ def read_otlp_json(path: str) -> "list[TraceFileContents]":
                         skipped += 1
     if skipped:
         problems.append(f"{skipped} malformed span(s) left out")
-    if not processes:
+    if not any(spans for _, spans in processes.values()):
         raise TraceFileError(f"{path}: no OTLP JSON spans in it" + (f" ({problems[0]})" if problems else ""))
     out = []
     for resource, spans in processes.values():
+        if not spans:
+            continue
         spans.sort(key=lambda span: span.start_time)
         times = [t for span in spans for t in (span.start_time, span.end_time or 0)]
         metadata = {"resource": resource, "pid": resource.get("process.pid"), "host": resource.get("host.name"),

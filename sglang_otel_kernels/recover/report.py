@@ -37,10 +37,20 @@ def _inputs(span: RecoveredSpan) -> dict[str, Any]:
     return grouped
 
 
+def _shown(value: Any) -> str:
+    """Statistics to 6 significant digits (a float32 mean holds no more);
+    text (a non-finite statistic, a dtype) as it is."""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
 def _render_value(value: Any) -> str:
     if isinstance(value, dict):
-        parts = [f"{field}={value[field]}" for field in _TENSOR_FIELDS if field in value]
+        parts = [f"{field}={_shown(value[field])}" for field in _TENSOR_FIELDS if field in value]
         return "Tensor(" + ", ".join(parts) + ")"
+    if isinstance(value, float):
+        return _shown(value)
     return repr(value)
 
 
@@ -51,7 +61,7 @@ def _texts(value: Any) -> list[str]:
     return [str(value)]
 
 
-def _requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[str, Any] | None:
+def requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[str, Any] | None:
     """The batch around a call and the requests it served, walking up the parents."""
     current = span
     seen = 0
@@ -86,7 +96,7 @@ def _call(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], source: str) -> 
         "dump_dir": span.attributes.get(DUMP_DIR),
         "exception": None if exception is None else {
             "type": exception.get("exception.type"), "message": exception.get("exception.message")},
-        "requests": _requests_of(span, by_id),
+        "requests": requests_of(span, by_id),
         "trace_id": f"{span.trace_id:032x}",
         "span_id": f"{span.span_id:016x}",
     }
@@ -148,7 +158,7 @@ def _ranks(value: Any) -> dict[str, str]:
     return {str(key): str(rank) for key, rank in value.items()} if isinstance(value, dict) else {}
 
 
-def _call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
+def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
     lines = [f"{indent}{call['name']}  (thread {call['thread']}, started {call['start']}, seq {call['seq']})"]
     if call["exception"]:
         lines.append(f"{indent}  raised {call['exception']['type']}: {call['exception']['message']}")
@@ -180,11 +190,11 @@ def render_text(report: dict[str, Any]) -> str:
     if dead:
         out.append(f"CRASHED: {len(dead)} kernel call(s) were running when the process died:")
         for call in dead:
-            out.extend(_call_lines(call))
+            out.extend(call_lines(call))
     if running:
         out.append(f"RUNNING: the writing process is alive; {len(running)} kernel call(s) running now:")
         for call in running:
-            out.extend(_call_lines(call))
+            out.extend(call_lines(call))
     if not report["in_flight"]:
         out.append("No kernel call was running when the file was last written (no crash inside a kernel).")
     if report["in_flight_other_spans"]:
@@ -193,10 +203,10 @@ def render_text(report: dict[str, Any]) -> str:
     if report["failed"]:
         out += ["", f"Failed calls ({len(report['failed'])}):"]
         for call in report["failed"]:
-            out.extend(_call_lines(call))
+            out.extend(call_lines(call))
     if report["first_nonfinite_output"]:
         out += ["", "First call that produced NaN/Inf from finite inputs:"]
-        out.extend(_call_lines(report["first_nonfinite_output"]))
+        out.extend(call_lines(report["first_nonfinite_output"]))
     if report["last_calls"]:
         out += ["", f"Last {len(report['last_calls'])} completed calls:"]
         for call in report["last_calls"]:

@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import math
 import os
+import sys
 import traceback
 from typing import Any, Callable
 
@@ -192,7 +193,16 @@ def resolve(path: str) -> Callable[..., Any]:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         else:
-            module = importlib.import_module(module_name)
+            # As `python -m` would: a module in the working directory is
+            # found even from the installed console script.
+            added = os.getcwd() not in sys.path
+            if added:
+                sys.path.insert(0, os.getcwd())
+            try:
+                module = importlib.import_module(module_name)
+            finally:
+                if added:
+                    sys.path.remove(os.getcwd())
     except Exception as exc:
         raise DumpError(f"cannot import {module_name} ({type(exc).__name__}: {exc})") from None
     target: Any = module

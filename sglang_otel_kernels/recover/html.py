@@ -1,0 +1,125 @@
+"""The crash report as one self-contained HTML page, for machines without a
+back end or network: a timeline of the last kernel calls per thread (and per
+process or rank when several files are given), the call in flight at the
+crash highlighted with its inputs, failed calls and the first NaN/Inf
+producer marked, the requests of each call's batch on hover and on click.
+No external resource: styles, data and script are inline; every text from
+a file is escaped (a file is hostile input)."""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+from .reader import RecoveredSpan, TraceFileContents
+from .report import build_report, call_lines, is_kernel, render_text, requests_of
+
+MAX_CALLS_PER_TRACK = 200  # the newest calls of each thread: what happened just before the end
+
+_STYLE = """
+body{font:14px system-ui,sans-serif;margin:16px;color:#222}
+h1{font-size:20px}h2{font-size:16px;margin-top:24px}
+.verdict{padding:8px 12px;border-radius:4px;font-weight:600}
+.verdict.crashed{background:#fdd;color:#900}.verdict.failed{background:#ffe6cc;color:#840}
+.verdict.clean{background:#dfd;color:#060}
+.track{margin:6px 0}.track-name{font-size:12px;color:#555}
+svg{width:100%;height:28px;background:#f6f6f6;border-radius:3px;display:block}
+rect.call{fill:#7aa6d8}rect.call.failed{fill:#e8912d}rect.call.nonfinite{fill:#9b59b6}
+rect.call.in-flight{fill:#d62828}rect.call:hover{stroke:#000;stroke-width:1}
+#details{white-space:pre-wrap;font:12px ui-monospace,monospace;background:#f6f6f6;padding:8px;min-height:3em}
+pre{font:12px ui-monospace,monospace;background:#f6f6f6;padding:8px;overflow:auto}
+.in-flight-call{border-left:6px solid #d62828;background:#fdd;padding:6px 10px;white-space:pre-wrap;
+font:12px ui-monospace,monospace}
+.legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}
+"""
+
+_SCRIPT = """
+const calls = JSON.parse(document.getElementById('calls').textContent);
+const details = document.getElementById('details');
+for (const rect of document.querySelectorAll('rect.call')) {
+  rect.addEventListener('click', () => { details.textContent = calls[rect.dataset.call]; });
+}
+"""
+
+
+def _call_text(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], last_time: int) -> str:
+    """What a click shows: name, timing, status, inputs, the batch's requests."""
+    end = span.end_time if span.end_time is not None else last_time
+    lines = [span.name, f"thread {span.thread_name or span.thread_id}",
+             "still running at the end of the file" if span.in_flight else f"{(end - span.start_time) / 1000:.1f} us",
+             f"status {span.status_code}" + (f": {span.status_description}" if span.status_description else "")]
+    lines += [f"{key} = {value}" for key, value in span.attributes.items() if key.startswith("sglang.kernel.input")]
+    requests = requests_of(span, by_id)
+    if requests and "batch" in requests:
+        lines.append(f"batch {requests['batch']}: requests {', '.join(requests['request_ids']) or 'no ids'}")
+    return "\n".join(lines)
+
+
+def _track(spans: list[RecoveredSpan], start: int, end: int, first_bad: int | None,
+           by_id: dict[int, RecoveredSpan], last_time: int, calls: list[str]) -> str:
+    width = max(end - start, 1)
+    rects = []
+    for span in spans:
+        stop = span.end_time if span.end_time is not None else last_time
+        x = 100 * (span.start_time - start) / width
+        # A call too short to see still shows; the call in flight stands out.
+        w = max(100 * (stop - span.start_time) / width, 1.5 if span.in_flight else 0.3)
+        kind = ("in-flight" if span.in_flight else "failed" if span.status_code == "ERROR"
+                else "nonfinite" if span.span_id == first_bad else "")
+        text = _call_text(span, by_id, last_time)
+        calls.append(text)
+        rects.append(f'<rect class="call {kind}" data-call="{len(calls) - 1}" data-name="{html.escape(span.name)}" '
+                     f'x="{x:.3f}%" y="3" width="{w:.3f}%" height="22"><title>{html.escape(text)}</title></rect>')
+    return f'<svg role="img">{"".join(rects)}</svg>'
+
+
+def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None = None) -> str:
+    report = report if report is not None else build_report(contents, last=10)
+    by_id = {span.span_id: span for c in contents for span in c.spans}
+    first = report["first_nonfinite_output"]
+    first_bad = next((s.span_id for c in contents for s in c.spans
+                      if first and is_kernel(s) and any(e[0] == "nonfinite_output" for e in s.events)), None)
+    verdict = ("crashed", "CRASHED: a kernel call was running when the process died") if report["crashed"] else \
+        ("failed", f"{len(report['failed'])} failed call(s)") if report["failed"] else ("clean", "no crash, no failure")
+    calls: list[str] = []
+    sections = []
+    for content in contents:
+        tracks: dict[Any, list[RecoveredSpan]] = {}
+        for span in content.spans:
+            if is_kernel(span):
+                tracks.setdefault(span.thread_name or span.thread_id, []).append(span)
+        if not tracks:
+            continue
+        newest = {name: spans[-MAX_CALLS_PER_TRACK:] for name, spans in tracks.items()}
+        start = min(s.start_time for spans in newest.values() for s in spans)
+        end = max(max(s.end_time or content.last_time for s in spans) for spans in newest.values())
+        end += max((end - start) // 25, 1)  # room after the newest call: a call in flight starts at the very end
+        rank = (content.metadata.get("ranks") or {}).get("rank")
+        title = f"{content.path} (pid {content.metadata.get('pid')}" + (f", rank {rank})" if rank is not None else ")")
+        rows = "".join(
+            f'<div class="track"><div class="track-name">thread {html.escape(str(name))}: '
+            f"last {len(spans)} call(s)</div>{_track(spans, start, end, first_bad, by_id, content.last_time, calls)}</div>"
+            for name, spans in newest.items())
+        crashed = "".join(
+            f'<div class="in-flight-call">In flight when the process ended:\n'
+            f'{html.escape(chr(10).join(call_lines(call)))}</div>'
+            for call in report["in_flight"] if call["file"] == content.path and call["in_flight_in_dead_process"])
+        sections.append(f"<h2>{html.escape(title)}</h2>{rows}{crashed}")
+    data = json.dumps(calls).replace("<", "\\u003c")  # no tag of any kind inside the script element
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Kernel crash report</title>
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<style>{_STYLE}</style></head><body>
+<h1>Kernel calls before the end</h1>
+<p class="verdict {verdict[0]}">{html.escape(verdict[1])}</p>
+<p class="legend"><span style="background:#d62828"></span>in flight at the crash
+<span style="background:#e8912d"></span>failed<span style="background:#9b59b6"></span>first NaN/Inf producer
+<span style="background:#7aa6d8"></span>completed. Hover a call for its inputs and requests; click to keep them below.</p>
+{"".join(sections) or "<p>No kernel calls in these files.</p>"}
+<h2>Selected call</h2><div id="details">(click a call)</div>
+<h2>Report</h2><pre>{html.escape(render_text(report))}</pre>
+<script type="application/json" id="calls">{data}</script>
+<script>{_SCRIPT}</script>
+</body></html>
+"""
