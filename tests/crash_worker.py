@@ -67,6 +67,9 @@ def child(mode: str, directory: str, die_at: int, rng: random.Random) -> None:
 
 def main() -> int:
     mode, trials, directory, seed = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    # A shell's background job starts with SIGINT ignored, and Python keeps it
+    # so: the SIGINT modes then would never end. Python's own handler, always.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     rng = random.Random(seed)
     for _ in range(trials):
         die_at = rng.randint(1, 40)

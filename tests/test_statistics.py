@@ -109,17 +109,47 @@ def test_statistics_build_no_autograd_graph(record):
     assert exporter.get_finished_spans()[0].attributes[K + "output.requires_grad"] is True
 
 
-def test_gpu_style_transfer_path_on_cpu_scalars():
-    """The one-transfer path used for accelerators, exercised with CPU scalars."""
+# The accelerator branch, forced on CPU tensors: what a GPU would run.
+@pytest.fixture
+def on_device(monkeypatch):
     from sglang_otel_kernels.describe import statistics
-    from sglang_otel_kernels.describe.tensors import describe_tensor
 
-    infos = [describe_tensor(torch.tensor([1.0, 2.0])), describe_tensor(torch.tensor([float("nan"), 1.0]))]
-    deferred = []
-    for info in infos:
-        low, high = torch.aminmax(info.tensor)
-        nans, infs = statistics._counts(info.tensor)
-        deferred.append((info, torch.stack([low, high, info.tensor.mean(), nans.float(), infs.float()])))
-    statistics._transfer(deferred)
-    assert infos[0].stats == (1.0, 2.0, 1.5, 0, 0)
-    assert infos[1].stats[3:] == (1, 0)
+    calls = {"counts": 0, "transfers": 0}
+    counts, transfer = statistics._counts, statistics._host_values
+
+    def counting(source):
+        calls["counts"] += 1
+        return counts(source)
+
+    def transferring(entries, what, faults):
+        calls["transfers"] += 1
+        return transfer(entries, what, faults)
+
+    monkeypatch.setattr(statistics, "on_host", lambda tensor: False)
+    monkeypatch.setattr(statistics, "_counts", counting)
+    monkeypatch.setattr(statistics, "_host_values", transferring)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_nan_is_counted_on_the_device_path(record, on_device, dtype):
+    s = stats_of(record, torch.tensor([1.0, float("nan"), 2.0]).to(dtype))
+    assert (s["nan_count"], s["has_nan"]) == (1, True) and "stats" not in s
+
+
+def test_float8_inf_is_counted_on_the_host_path(record):
+    s = stats_of(record, torch.tensor([1.0, float("inf"), 2.0]).to(torch.float8_e5m2))
+    assert (s["inf_count"], s["has_inf"], s["max"]) == (1, True, "inf")
+
+
+def test_device_path_counts_only_when_min_or_max_shows_nan_or_inf(record, on_device):
+    s = stats_of(record, torch.tensor([1.0, 2.0, 4.0], dtype=torch.bfloat16))
+    assert (s["min"], s["max"], s["nan_count"], s["inf_count"]) == (1.0, 4.0, 0, 0)
+    assert on_device == {"counts": 0, "transfers": 1}  # one copy to the host, no counting pass
+    stats_of(record, torch.tensor([3, 7], dtype=torch.int64))
+    stats_of(record, torch.tensor([True, False]))
+    assert on_device["counts"] == 0  # integers and bools hold no NaN or Inf
+    s = stats_of(record, torch.tensor([1.0, float("-inf"), float("nan")]))
+    assert (s["nan_count"], s["inf_count"]) == (1, 1)
+    # One copy per call (the kernel returns nothing), and for the flagged tensor a second, for its counts.
+    assert on_device == {"counts": 1, "transfers": 1 + 1 + 1 + 2}

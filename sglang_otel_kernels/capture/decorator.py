@@ -21,7 +21,7 @@ from opentelemetry import trace
 
 from .. import config as _config
 from .._version import __version__
-from ..describe.statistics import fill_statistics
+from ..describe.statistics import fill_statistics, is_device_error
 from ..notices import warn_once
 from ..describe.values import describe, tensors_in
 from .. import schema
@@ -72,6 +72,17 @@ class _Runtime:
 
 _runtime = _Runtime(_config.get_config())
 _call_numbers = itertools.count(1)
+# Where the recorder first saw a sticky device error (a CUDA error stays
+# raised by every later call): so that no later call is blamed for it.
+_device_fault: str | None = None
+_ASYNC_NOTE = ("an asynchronous device error: it may come from any kernel launched since the last "
+               "synchronisation")
+
+
+def _saw_device_fault(where: str) -> None:
+    global _device_fault
+    if _device_fault is None:
+        _device_fault = where
 
 
 def _reconfigure(cfg: _config.KernelTraceConfig) -> None:
@@ -84,8 +95,9 @@ def _reconfigure(cfg: _config.KernelTraceConfig) -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _call_numbers
+    global _call_numbers, _device_fault
     _call_numbers = itertools.count(1)
+    _device_fault = None
     _runtime.text.after_fork_in_child()
     _runtime.dumps.after_fork_in_child()
 
@@ -154,6 +166,10 @@ class KernelSite:
             return None
 
     def _begin(self, args: tuple, kwargs: dict) -> _Call:
+        """The start record is written before anything that synchronises a
+        GPU (level-5 statistics, level-10 copies): a hang in earlier GPU work
+        then leaves this call in flight with its shapes; the statistics and
+        the dump directory follow in an ATTRIBUTES record, before the kernel."""
         runtime = _runtime
         seq = next(_call_numbers)
         positional = args[1:] if self.skip_self and args else args
@@ -161,8 +177,23 @@ class KernelSite:
         if self.with_args and runtime.describes_arguments:
             entries = [(*_positional_names(i), describe(value)) for i, value in enumerate(positional)]
             entries += [(key, "input." + key, describe(value)) for key, value in kwargs.items()]
-            if self.with_stats:
-                fill_statistics(tensors_in([node for _, _, node in entries]))
+        spans = runtime.spans
+        span = attrs = None
+        nonfinite: list = []
+        dump_parent = self._parent_ids() if self.with_dumps else None
+        if spans is not None:
+            if entries and runtime.span_arguments:
+                attrs = {}
+                if self.with_stats:
+                    # Placed first so that a long argument list never pushes them out.
+                    attrs[schema.HAS_NAN] = attrs[schema.HAS_INF] = False
+                    attrs[schema.NONFINITE] = ()
+                for _, path, node in entries:
+                    _attrs.add_value(attrs, path, node, False, nonfinite)
+            span = spans.start(self.name, self.level, seq, attrs)
+        if self.with_stats and entries:
+            if fill_statistics(tensors_in([node for _, _, node in entries])) is not None:
+                _saw_device_fault(f"before {self.name} (call {seq}) ran, so from earlier work")
         if runtime.text.enabled:
             lines = call_header(self.name)
             if positional and entries:
@@ -175,50 +206,55 @@ class KernelSite:
                 )
         dump = skipped = None
         if self.with_dumps and runtime.dumps.wants(self.name):
-            dump, skipped = self._dump_inputs(runtime, positional, kwargs)
+            dump, skipped = self._dump_inputs(runtime, positional, kwargs, dump_parent)
             if runtime.text.enabled:
                 lines.append(f"Dumped inputs to: {dump}" if dump else
                              "Tensor dump skipped: CUDA graph capture in progress" if skipped == SKIPPED_CAPTURE else
                              f"Tensor dump skipped: {skipped}")
         if runtime.text.enabled:
             runtime.text.write_lines(lines)
-        nonfinite: list = []
-        spans = runtime.spans
-        if spans is None:
+        if span is None:
             return (None, None, nonfinite, dump)
-        attrs = None
+        added: dict = {}
         if dump is not None:
-            attrs = {schema.DUMP_DIR: dump}
+            added[schema.DUMP_DIR] = dump
         elif skipped is not None:
-            attrs = {schema.DUMP_SKIPPED: skipped}
-        if entries and runtime.span_arguments:
-            attrs = attrs or {}
-            if self.with_stats:
-                # Placed first so that a long argument list never pushes them out.
-                attrs[schema.HAS_NAN] = attrs[schema.HAS_INF] = False
-                attrs[schema.NONFINITE] = ()
+            added[schema.DUMP_SKIPPED] = skipped
+        if self.with_stats and attrs is not None:
+            every: dict = {}
             for _, path, node in entries:
-                _attrs.add_value(attrs, path, node, self.with_stats, nonfinite)
+                _attrs.add_value(every, path, node, True, nonfinite)
+            added.update((key, value) for key, value in every.items() if key not in attrs)
             if nonfinite:
-                self._set_flags(attrs, nonfinite)
-        return (spans.start(self.name, self.level, seq, attrs), attrs, nonfinite, dump)
+                self._set_flags(added, nonfinite, every)
+        if added:
+            spans.add(span, added)
+            if attrs is not None:
+                attrs.update(added)
+        return (span, attrs, nonfinite, dump)
 
-    def _dump_inputs(self, runtime: _Runtime, positional: tuple, kwargs: dict) -> tuple[str | None, str | None]:
-        if is_graph_capturing("cuda"):
-            return None, SKIPPED_CAPTURE
+    def _parent_ids(self) -> dict:
+        """The ids a dump's metadata carries for the span around the call."""
         outer = current_call()
         parent = call_context(outer) if outer is not None else trace.get_current_span().get_span_context()
-        context = _trace_ids(parent, "parent_span_id")
+        return _trace_ids(parent, "parent_span_id")
+
+    def _dump_inputs(self, runtime: _Runtime, positional: tuple, kwargs: dict,
+                     context: dict) -> tuple[str | None, str | None]:
+        if is_graph_capturing("cuda"):
+            return None, SKIPPED_CAPTURE
         return runtime.dumps.save_inputs(self.name, self.function, self.on_object, positional, kwargs, context)
 
     @staticmethod
     def _span_ids(call: _Call) -> dict:
         return _trace_ids(call_context(call[0]), "span_id") if call[0] is not None else {}
 
-    def _set_flags(self, attrs: dict, nonfinite: list) -> None:
+    def _set_flags(self, attrs: dict, nonfinite: list, source: dict | None = None) -> None:
+        """The call's NaN/Inf flags in `attrs`, from the tensor flags in `source` (default: `attrs`)."""
+        source = attrs if source is None else source
         attrs[schema.NONFINITE] = tuple(nonfinite)
-        attrs[schema.HAS_NAN] = any(attrs.get(schema.PREFIX + p + ".has_nan", False) for p in nonfinite)
-        attrs[schema.HAS_INF] = any(attrs.get(schema.PREFIX + p + ".has_inf", False) for p in nonfinite)
+        attrs[schema.HAS_NAN] = any(source.get(schema.PREFIX + p + ".has_nan", False) for p in nonfinite)
+        attrs[schema.HAS_INF] = any(source.get(schema.PREFIX + p + ".has_inf", False) for p in nonfinite)
 
     def finish(self, call: _Call | None, result: Any) -> None:
         if call is None:
@@ -227,12 +263,13 @@ class KernelSite:
         runtime = _runtime
         added: dict | None = None
         events: tuple = ()
+        fault = None
         try:
             dumped = dump is not None and runtime.dumps.save_outputs(dump, result, self._span_ids(call))
             if self.with_args and runtime.describes_arguments:
                 node = describe(result)
                 if self.with_stats:
-                    fill_statistics(tensors_in([node]))
+                    fault = fill_statistics(tensors_in([node]))
                 if runtime.text.enabled:
                     lines = [f"Dumped outputs to: {dump}"] if dumped else []
                     runtime.text.write_lines(lines + section_lines("Output:", [("return", node)], self.with_stats))
@@ -240,9 +277,17 @@ class KernelSite:
                     added, events = self._output(call, node)
         except Exception as exc:
             _warn_once(f"recording the result of {self.name}", exc)
+        if fault is not None:
+            # Seen at the synchronisation right after this call: this call, or one launched before it.
+            earlier = _device_fault
+            _saw_device_fault(f"after {self.name} ran")
+            note = _ASYNC_NOTE + (f"; first seen {earlier}" if earlier else "; seen by the recorder after this call")
         if span is not None:
             try:
-                runtime.spans.end(span, added, events)
+                if fault is not None:
+                    runtime.spans.fail(span, fault, note, added)
+                else:
+                    runtime.spans.end(span, added, events)
             except Exception as exc:
                 _warn_once(f"recording the end of {self.name}", exc)
 
@@ -277,8 +322,11 @@ class KernelSite:
         except Exception as inner:
             _warn_once(f"logging the exception of {self.name}", inner)
         if span is not None:
+            note = ""
+            if _device_fault is not None and is_device_error(exc):
+                note = f"a sticky device error, first seen {_device_fault}: not necessarily this call's"
             try:
-                runtime.spans.fail(span, exc)
+                runtime.spans.fail(span, exc, note)
             except Exception as inner:
                 _warn_once(f"recording the exception of {self.name}", inner)
 

@@ -3,11 +3,13 @@
 Values are those SGLang prints (computed in float32; complex tensors by
 magnitude; integer and bool tensors converted), gathered in as few passes as
 possible: one `aminmax` and one `mean` per tensor. NaN propagates into min and
-max, and +/-Inf shows as a bound, so counting passes run only when one of the
-two flags is raised. On an accelerator every scalar of a call's tensors is
-gathered on the device and copied to the host in one transfer, so one side of
-a call (inputs, or outputs) synchronises once; the counts are then computed on
-the device unconditionally, as deciding first would cost a second sync.
+max, and +/-Inf shows as a bound, so the counting passes (`isnan`, `isinf`,
+on the float32 view: float8 types have no `isinf`) run only when min or max
+shows one, and never for integer and bool tensors, which hold neither. On an
+accelerator the scalars of all of a call's tensors are gathered on the device
+and copied to the host in one transfer: one side of a call (inputs, or
+outputs) synchronises once; only when a tensor shows NaN or Inf are its
+counts computed and copied in a second transfer (a second synchronisation).
 """
 
 from __future__ import annotations
@@ -48,16 +50,35 @@ def _float_view(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.float()
 
 
-def _counts(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.isnan(tensor).sum(), torch.isinf(tensor).sum()
+def _counts(source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NaN and Inf counts of a tensor's float32 view."""
+    return torch.isnan(source).sum(), torch.isinf(source).sum()
 
 
-def fill_statistics(infos: list[TensorInfo]) -> None:
-    """Sets `stats` or `stats_note` on each of `infos`; never raises."""
+def _flagged(tensor: torch.Tensor, low: float, high: float) -> bool:
+    """Whether min or max shows a NaN or an Inf (only a float or complex tensor can)."""
+    return (tensor.is_floating_point() or tensor.is_complex()) and not (math.isfinite(low) and math.isfinite(high))
+
+
+def on_host(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu"
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """A CUDA (or other accelerator) error: sticky, and raised by whatever
+    synchronises next, not by the kernel that caused it."""
+    return isinstance(exc, getattr(torch, "AcceleratorError", ())) or (
+        isinstance(exc, RuntimeError) and str(exc).startswith(("CUDA error", "XPU error")))
+
+
+def fill_statistics(infos: list[TensorInfo]) -> "BaseException | None":
+    """Sets `stats` or `stats_note` on each of `infos`; never raises. Returns
+    the device error the transfer to the host raised, if any (the tensors
+    then say `unavailable`): a fault of a kernel launched before."""
     if not infos:
-        return
+        return None
     capturing: dict = {}
-    deferred: list[tuple[TensorInfo, torch.Tensor]] = []
+    deferred: list[tuple[TensorInfo, torch.Tensor, torch.Tensor, torch.Tensor]] = []
     with torch.no_grad():
         for info in infos:
             try:
@@ -69,40 +90,63 @@ def fill_statistics(infos: list[TensorInfo]) -> None:
                 source = _float_view(tensor)
                 low, high = torch.aminmax(source)
                 mean = source.mean()
-                if tensor.device.type == "cpu":
-                    info.stats = _host_stats(tensor, low.item(), high.item(), mean.item())
+                if on_host(tensor):
+                    info.stats = _host_stats(tensor, source, low.item(), high.item(), mean.item())
                 else:
-                    nans, infs = _counts(tensor)
-                    deferred.append((info, torch.stack([low, high, mean, nans.float(), infs.float()])))
+                    deferred.append((info, tensor, source, torch.stack([low, high, mean])))
             except Exception as exc:
                 info.stats_note = f"unavailable: {type(exc).__name__}"
         if deferred:
-            _transfer(deferred)
+            return _transfer(deferred)
+    return None
 
 
-def _host_stats(tensor: torch.Tensor, low: float, high: float, mean: float) -> tuple:
+def _host_stats(tensor: torch.Tensor, source: torch.Tensor, low: float, high: float, mean: float) -> tuple:
     nan_count = inf_count = 0
-    flagged = math.isnan(low) or math.isnan(high) or math.isinf(low) or math.isinf(high)
-    if flagged and (tensor.is_floating_point() or tensor.is_complex()):
-        nans, infs = _counts(tensor)
+    if _flagged(tensor, low, high):
+        nans, infs = _counts(source)
         nan_count, inf_count = int(nans.item()), int(infs.item())
     return (low, high, mean, nan_count, inf_count)
 
 
-def _transfer(deferred: list[tuple[TensorInfo, torch.Tensor]]) -> None:
+def _host_values(entries: list, what: int, faults: list) -> "list[float] | None":
+    """The device scalars of `entries` (element `what` of each) in one copy, or
+    None after marking them all unavailable (a device error kept in `faults`)."""
+    try:
+        return torch.cat([entry[what] for entry in entries]).tolist()
+    except Exception as exc:
+        for entry in entries:
+            entry[0].stats_note = f"unavailable: {type(exc).__name__}"
+        if is_device_error(exc):
+            faults.append(exc)
+        return None
+
+
+def _transfer(deferred: list) -> "BaseException | None":
     by_device: dict = {}
-    for info, scalars in deferred:
-        by_device.setdefault(scalars.device, []).append((info, scalars))
+    faults: list = []
+    for entry in deferred:
+        by_device.setdefault(entry[3].device, []).append(entry)
     for entries in by_device.values():
-        try:
-            flat = torch.cat([scalars for _, scalars in entries]).tolist()
-        except Exception as exc:
-            for info, _ in entries:
-                info.stats_note = f"unavailable: {type(exc).__name__}"
+        flat = _host_values(entries, 3, faults)
+        if flat is None:
             continue
-        for index, (info, _) in enumerate(entries):
-            low, high, mean, nans, infs = flat[5 * index : 5 * index + 5]
-            info.stats = (low, high, mean, int(nans), int(infs))
+        counted = []
+        for index, (info, tensor, source, _) in enumerate(entries):
+            low, high, mean = flat[3 * index : 3 * index + 3]
+            info.stats = (low, high, mean, 0, 0)
+            if _flagged(tensor, low, high):
+                try:
+                    counted.append((info, torch.stack(_counts(source)).float()))
+                except Exception as exc:
+                    info.stats, info.stats_note = None, f"unavailable: {type(exc).__name__}"
+        counts = _host_values(counted, 1, faults) if counted else None
+        for index, (info, _) in enumerate(counted):
+            if counts is None:
+                info.stats = None
+            else:
+                info.stats = (*info.stats[:3], int(counts[2 * index]), int(counts[2 * index + 1]))
+    return faults[0] if faults else None
 
 
 def has_nan(info: TensorInfo) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Union
 
 import torch
 
+from ..capture.guards import is_graph_capturing
 from ..text import utf8
 from .tensors import TensorInfo, describe_tensor
 
@@ -99,11 +100,22 @@ def safe_str(value: Any) -> str:
     return f"<{type(value).__name__}, str() failed>"
 
 
+CAPTURE_REPR = "repr skipped: graph capture in progress"
+
+
+def _object_repr(value: Any) -> str:
+    """An object's repr, except while a CUDA graph is captured: a repr that
+    formats the CUDA tensors an object holds synchronises and breaks the capture."""
+    if is_graph_capturing("cuda"):
+        return f"<{type(value).__name__}, {CAPTURE_REPR}>"
+    return safe_repr(value, REPR_LIMIT)
+
+
 def describe(value: Any, depth: int = 0) -> Node:
     try:
         return _describe(value, depth)
     except Exception:
-        return Opaque(type(value).__name__, [], safe_repr(value, REPR_LIMIT))
+        return Opaque(type(value).__name__, [], _object_repr(value))
 
 
 def _describe(value: Any, depth: int) -> Node:
@@ -141,7 +153,7 @@ def _describe_object(value: Any) -> Opaque:
         except Exception:
             # Absent, or its access or str() raised: SGLang leaves it out too.
             continue
-    repr_text = None if fields else safe_repr(value, REPR_LIMIT)
+    repr_text = None if fields else _object_repr(value)
     return Opaque(type(value).__name__, fields, repr_text)
 
 

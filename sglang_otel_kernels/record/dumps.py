@@ -76,12 +76,13 @@ def json_value(value: Any) -> Any:
 
 def collect(prefix: str, value: Any, tensors: dict, metadata: dict, devices: dict, seen: set | None = None) -> None:
     """Flattens one argument as SGLang does: tensors into `tensors` under their
-    path, containers as `<path>__container`, other values as JSON."""
+    path (still on their device: `to_host` copies them once they are to be
+    saved), containers as `<path>__container`, other values as JSON."""
     if isinstance(value, torch.Tensor):
         if value.is_meta:  # no data to save: what it looked like, in the metadata
             metadata[prefix] = {"type": "Tensor", "repr": f"meta tensor shape={tuple(value.shape)} dtype={value.dtype}"}
             return
-        tensors[prefix] = value.detach().cpu()
+        tensors[prefix] = value.detach()
         devices[prefix] = str(value.device)
         return
     if isinstance(value, (list, tuple, dict)):
@@ -101,6 +102,11 @@ def collect(prefix: str, value: Any, tensors: dict, metadata: dict, devices: dic
         seen.discard(id(value))
         return
     metadata[prefix] = json_value(value)
+
+
+def to_host(tensors: dict) -> dict:
+    """The collected tensors copied to the host (a blocking copy from a GPU)."""
+    return {key: tensor.cpu() for key, tensor in tensors.items()}
 
 
 def _safe_name(name: str) -> str:
@@ -174,6 +180,8 @@ class Dumps:
         """Saves a call's inputs; returns (its directory, None) or (None, why
         not). Never raises: a failed dump must not break the kernel call."""
         try:
+            if self.stopped is not None:  # past a limit: nothing is looked at, nothing copied
+                return None, self.stopped
             tensors: dict = {}
             metadata: dict = {}
             devices: dict = {}
@@ -194,6 +202,7 @@ class Dumps:
                 self.count += 1
                 self.bytes += size
                 call = self._calls[name] = self._calls.get(name, 0) + 1
+            tensors = to_host(tensors)  # the copy, only for a call within the limits
             directory, stamp = self._make_directory(name, call)
             if tensors:
                 _private_file(os.path.join(directory, INPUTS), lambda handle: torch.save(tensors, handle))
@@ -249,6 +258,7 @@ class Dumps:
             tensors: dict = {}
             metadata: dict = {}
             collect("result", result, tensors, metadata, {})
+            tensors = to_host(tensors)
             if tensors:
                 _private_file(os.path.join(directory, OUTPUTS), lambda handle: torch.save(tensors, handle))
             self._update(directory, execution_status=STATUS_COMPLETED, output_metadata=metadata,

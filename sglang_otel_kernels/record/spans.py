@@ -213,6 +213,16 @@ class KernelSpans:
         call = _local.call = (trace_id, span_id, flags, start, outer, writer, name, parent_id, attributes)
         return call
 
+    def add(self, call: tuple, added: dict) -> None:
+        """Attributes of a call that runs, written at once: the statistics of
+        its inputs, which need a synchronisation, come after its start record
+        so that a hang in earlier GPU work still leaves the call in flight."""
+        writer = call[5]
+        if writer is not None:
+            writer.append((tracefile.ATTRIBUTES, call[SPAN_ID], added))
+        if call[ATTRIBUTES] is not None:
+            call[ATTRIBUTES].update(added)
+
     def end(self, call: tuple, added: dict | None = None, events: tuple = (),
             status: int = _STATUS_UNSET, description: str = "", _now=time_ns, _local=_thread,
             _compact=tracefile.COMPACT_END.pack, _encoding=tracefile.ENCODING_COMPACT_END) -> None:
@@ -247,6 +257,7 @@ class KernelSpans:
             status=Status(StatusCode.ERROR, description) if status == _STATUS_ERROR else Status(StatusCode.UNSET),
             start_time=call[START], end_time=end, instrumentation_scope=self._scope))
 
-    def fail(self, call: tuple, exc: BaseException) -> None:
-        self.end(call, None, (("exception", time_ns(), exception_event(exc)),), _STATUS_ERROR,
-                 describe_exception(exc))
+    def fail(self, call: tuple, exc: BaseException, note: str = "", added: dict | None = None) -> None:
+        """Ends a call with status ERROR for `exc` (`note` follows its message)."""
+        description = describe_exception(exc) + (f" ({note})" if note else "")
+        self.end(call, added, (("exception", time_ns(), exception_event(exc)),), _STATUS_ERROR, description)

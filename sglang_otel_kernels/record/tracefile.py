@@ -135,6 +135,7 @@ SYMBOL = "Y"  # (SYMBOL, number, value): a span name, a (scope name, version) pa
 TABLE = "Z"  # (TABLE, {number: value}, {ident: thread name}): all symbols and threads, after a wrap
 FAILURE = "X"  # (FAILURE, call number, exception type, message): a black-box call of format 2 that raised
 CALL_END = "F"  # (CALL_END, span id, end time, status, description, events, attributes added at the end)
+ATTRIBUTES = "A"  # (ATTRIBUTES, span id, attributes added while it runs): level-5 statistics, a dump directory
 MODE = "M"  # (MODE, what a sidecar exports from here on): MODE_KERNELS_ONLY once the application exports its own
 MODE_KERNELS_ONLY = "kernels"
 

@@ -333,6 +333,9 @@ def _content(payload: bytes, encoding: int):
         return _end(record)
     if kind == fmt.CALL_END and len(record) == 7:
         return _call_end(record)
+    if kind == fmt.ATTRIBUTES and len(record) == 3 and _is_u64(record[1]):
+        attributes = _attributes(record[2])
+        return None if attributes is None else (fmt.ATTRIBUTES, record[1], attributes)
     if kind == fmt.MODE and len(record) == 2 and type(record[1]) is str:
         return record
     if kind == fmt.THREAD and len(record) == 3 and _is_u64(record[1]) and type(record[2]) is str:
@@ -563,6 +566,10 @@ class Assembler:
             self.calls.clear()
             while len(self.unsure) > _MAX_UNSURE:  # a follower lapped again and again
                 del self.unsure[next(iter(self.unsure))]
+        elif kind == fmt.ATTRIBUTES:
+            start = self.starts.get(record[1])
+            if start is not None:  # a span's attributes added after its start record, before its kernel ran
+                self.starts[record[1]] = (*start[:9], {**start[9], **record[2]}, *start[10:])
         elif kind == fmt.FAILURE:
             self.failures[record[1]] = record
         elif kind == fmt.THREAD:

@@ -273,6 +273,12 @@ def rerun(directory: str, function: str | None = None, device: str | None = None
                     "recorded": recorded, "notes": notes, "outputs": []}
     try:
         result = target(*positional, **keyword)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # an asynchronous error (a device-side assert) belongs to this call
+        tensors: dict = {}
+        values: dict = {}
+        _dumps.collect("result", result, tensors, values, {})
+        tensors = _dumps.to_host(tensors)  # with --device, where a late device error would surface
     except Exception as exc:
         report["rerun"] = {"status": "exception", "type": type(exc).__name__, "message": safe_str(exc),
                            "traceback": traceback.format_exc()}
@@ -288,12 +294,7 @@ def rerun(directory: str, function: str | None = None, device: str | None = None
             report["reproduced"] = False
             report["verdict"] = f"differs: raised {type(exc).__name__}, the original call completed"
         return report
-    if device is None and torch.cuda.is_available():
-        torch.cuda.synchronize()  # an asynchronous CUDA error belongs to this call
     report["rerun"] = {"status": "completed"}
-    tensors: dict = {}
-    values: dict = {}
-    _dumps.collect("result", result, tensors, values, {})
     entries = [compare_tensor(key, tensor, saved.get(key) if saved else None, rtol, atol)
                for key, tensor in tensors.items()]
     report["outputs"] = entries

@@ -1,0 +1,169 @@
+"""The CUDA paths, on the CPU (issue 17): the accelerator branches forced or
+the device calls patched, each as a real process where a crash is involved."""
+
+import os
+import signal
+
+import sglang_otel_kernels as sok
+from conftest import run_python
+
+K = "sglang.kernel."
+LEVEL_5 = {"SGLANG_KERNEL_API_LOGLEVEL": "5", "SGLANG_KERNEL_API_LOGDEST": "off",
+           "SGLANG_KERNEL_API_TRACEFILE": "t.sgltrace"}
+
+
+def test_a_hang_in_the_level_5_synchronisation_leaves_the_call_in_flight(tmp_path):
+    """The statistics synchronise with the GPU before the kernel runs; when
+    earlier GPU work hangs there and the process is killed, the start record
+    must already be on disk."""
+    proc = run_python("import os, signal, torch\n"
+                      "from sglang_otel_kernels.capture import decorator\n"
+                      "decorator.fill_statistics = lambda infos: os.kill(os.getpid(), signal.SIGKILL)  # hangs, killed\n"
+                      "decorator.debug_kernel_api(op_name='k')(lambda x: x)(torch.ones(2, 3))\n", tmp_path, LEVEL_5)
+    assert proc.returncode == -signal.SIGKILL
+    [span] = sok.read_trace(tmp_path / "t.sgltrace")
+    assert span.in_flight and span.name == "k"
+    assert span.attributes[K + "input.arg0.shape"] == (2, 3)
+
+
+def test_the_call_in_flight_at_level_5_carries_its_input_statistics(tmp_path):
+    proc = run_python("import os, torch, sglang_otel_kernels as sok\n"
+                      "sok.debug_kernel_api(op_name='k')(lambda x: os._exit(7))(torch.tensor([1.0, float('nan')]))\n",
+                      tmp_path, LEVEL_5)
+    assert proc.returncode == 7
+    [span] = sok.read_trace(tmp_path / "t.sgltrace")
+    assert span.in_flight
+    a = span.attributes
+    assert (a[K + "input.arg0.nan_count"], a[K + "has_nan"], a[K + "nonfinite"]) == (1, True, ("input.arg0",))
+    assert list(a)[:6] == [K + "name", K + "level", K + "seq", K + "has_nan", K + "has_inf", K + "nonfinite"]
+
+
+def test_past_the_dump_limit_no_input_is_copied_to_the_host(tmp_path):
+    """On a GPU, `.cpu()` of an input is a blocking device-to-host copy (a
+    KV-cache pool: gigabytes): past the limits, none may happen."""
+    proc = run_python("import torch, sglang_otel_kernels as sok\n"
+                      "copies = []\n"
+                      "original = torch.Tensor.cpu\n"
+                      "torch.Tensor.cpu = lambda self, *a, **k: copies.append(self.numel()) or original(self, *a, **k)\n"
+                      "k = sok.debug_kernel_api(op_name='k')(lambda pool, x: x + 1)\n"
+                      "pool = torch.zeros(1000)\n"
+                      "for _ in range(3):\n"
+                      "    k(pool, torch.ones(2))\n"
+                      "    print(len(copies))\n",
+                      tmp_path, {"SGLANG_KERNEL_API_LOGLEVEL": "10", "SGLANG_KERNEL_API_LOGDEST": "off",
+                                 "SGLANG_KERNEL_API_DUMP_DIR": "dumps", "SGLANG_KERNEL_API_DUMP_MAX_COUNT": "1"})
+    assert proc.returncode == 0, proc.stderr
+    after = [int(line) for line in proc.stdout.split()]
+    assert after[0] == 3  # the dumped call: its two inputs and its output
+    assert after[1] == after[2] == after[0]  # past the limit: not one copy
+
+
+def test_rerun_of_a_device_side_assert_says_it_reproduced_a_failure(tmp_path, monkeypatch):
+    """The error of an asynchronous kernel surfaces at the next synchronisation,
+    which rerun makes: it is the call's failure, not rerun's."""
+    import torch
+
+    from sglang_otel_kernels.recover.rerun import rerun
+
+    (tmp_path / "mykernels.py").write_text("import os\n"
+                                           "def gather(table, index):\n"
+                                           "    os._exit(9)  # the process dies on the device-side assert\n")
+    proc = run_python("import torch, sglang_otel_kernels as sok\n"
+                      "from mykernels import gather\n"
+                      "sok.debug_kernel_api(gather)(torch.ones(4), torch.tensor([9]))\n",
+                      tmp_path, {"SGLANG_KERNEL_API_LOGLEVEL": "10", "SGLANG_KERNEL_API_LOGDEST": "off",
+                                 "SGLANG_KERNEL_API_DUMP_DIR": "dumps", "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 9
+    [dump] = [os.path.join(root, d) for root, dirs, _ in os.walk(tmp_path / "dumps") for d in dirs]
+    (tmp_path / "mykernels.py").write_text("def gather(table, index):\n    return table[index.clamp(max=3)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def device_side_assert():
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", device_side_assert)
+    report = rerun(dump, function="mykernels:gather")
+    assert report["reproduced"] is True
+    assert report["verdict"].startswith("reproduced a failure: raised RuntimeError")
+
+
+def test_during_graph_capture_no_argument_object_is_formatted(record, monkeypatch):
+    """An object holding CUDA tensors formats them in its repr, which
+    synchronises: during capture only its type is recorded."""
+    import torch
+
+    formatted = []
+
+    class KVCachePool:
+        def __repr__(self):
+            formatted.append(True)
+            return "KVCachePool(...)"
+
+    exporter = record(level=3)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda pool, x: x)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    kernel(KVCachePool(), torch.ones(1))
+    assert formatted == []
+    [span] = exporter.get_finished_spans()
+    assert span.attributes[K + "input.arg0"] == "<KVCachePool, repr skipped: graph capture in progress>"
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    kernel(KVCachePool(), torch.ones(1))
+    assert formatted == [True]
+
+
+def test_a_device_error_at_the_recorders_synchronisation_fails_that_call_and_no_later_one(record, monkeypatch):
+    """An illegal memory access surfaces at the next synchronisation: the
+    recorder's copy of the output statistics. That call's span says so; the
+    next call, which raises the same sticky error, is not blamed for it."""
+    import torch
+
+    from sglang_otel_kernels.capture import decorator
+    from sglang_otel_kernels.describe import statistics
+
+    monkeypatch.setattr(decorator, "_device_fault", None)
+    monkeypatch.setattr(statistics, "on_host", lambda tensor: False)  # the accelerator branch
+    illegal = "CUDA error: an illegal memory access was encountered"
+    exporter = record(level=5)
+    launched = []
+
+    def tolist(tensor, original=torch.Tensor.tolist):
+        if launched:  # after the faulty kernel, every copy to the host raises its error
+            raise torch.AcceleratorError(illegal)
+        return original(tensor)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    faulty = sok.debug_kernel_api(op_name="faulty")(lambda x: launched.append(1) or x * 2)
+    innocent = sok.debug_kernel_api(op_name="innocent")(lambda x: (_ for _ in ()).throw(torch.AcceleratorError(illegal)))
+    faulty(torch.ones(2))
+    try:
+        innocent(torch.ones(2))
+    except torch.AcceleratorError:
+        pass
+    first, second = exporter.get_finished_spans()
+    assert first.name == "faulty" and first.status.status_code.name == "ERROR"
+    assert first.status.description.startswith(f"AcceleratorError: {illegal} (an asynchronous device error")
+    assert "seen by the recorder after this call" in first.status.description
+    assert first.attributes[K + "output.stats"] == "unavailable: AcceleratorError"
+    assert second.name == "innocent" and second.status.status_code.name == "ERROR"
+    assert "a sticky device error, first seen after faulty ran: not necessarily this call's" in \
+        second.status.description
+
+
+def test_gpu_check_dry_run_on_the_cpu_runs_every_section_and_writes_its_summary(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "gpu_check.py")
+    proc = subprocess.run([sys.executable, script, "--out", str(tmp_path / "summary.json")], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    sections = summary["sections"]
+    assert set(sections) == {"syncs", "stats", "capture", "assert", "in_flight", "level10", "decode"}
+    assert all(s["status"] == "skipped" and s["reason"] == "no CUDA device"
+               for name, s in sections.items() if name != "stats")
+    assert sections["stats"]["status"] == "ran"
+    assert sections["stats"]["sweep float8_e4m3fn"][3:] == [1, 0]  # NaN counted on float8
+    assert sections["stats"]["sweep float8_e5m2"][3:] == [0, 1]  # and Inf, which float8 has no isinf for
