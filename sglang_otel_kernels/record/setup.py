@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import weakref
 
 from opentelemetry import trace
@@ -26,7 +27,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from .. import config as _config
 from .. import files
 from .._version import __version__
-from ..notices import warn
+from ..notices import warn, warn_once
 from . import export, processor, tracefile
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -215,9 +216,19 @@ def _on_open(faulthandler_wanted: bool, sidecar_wanted: bool, template: str, kee
         _enable_faulthandler(trace_path)
     if sidecar_wanted:
         _start_sidecar(trace_path)
-    from ..recover.retention import prune_in_background
+    if keep > 0:
+        # Off the kernel thread, which is writing its first record now.
+        threading.Thread(target=_prune, args=(template, trace_path, keep), name="sglang-otel-kernels-prune",
+                         daemon=True).start()
 
-    prune_in_background(template, trace_path, keep)
+
+def _prune(template: str, own: str, keep: int) -> None:
+    try:
+        from ..recover.retention import prune
+
+        prune(template, own, keep)
+    except Exception as exc:  # a guest's housekeeping never disturbs the host
+        warn_once("pruning", f"pruning earlier trace files failed ({type(exc).__name__}: {exc})")
 
 
 def _no_sidecar() -> None:

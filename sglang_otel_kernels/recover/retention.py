@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import glob
 import os
-import threading
 
 from ..config import DEFAULT_TRACE_FILE_KEEP
 from ..record.tracefile import traceback_path
@@ -67,10 +66,3 @@ def prune(template: str, own: str, keep: int = DEFAULT_TRACE_FILE_KEEP) -> list[
             if each == path:
                 removed.append(path)
     return removed
-
-
-def prune_in_background(template: str, own: str, keep: int) -> None:
-    """`prune` off the application's threads; nothing when keep is 0."""
-    if keep > 0:
-        threading.Thread(target=prune, args=(template, own, keep), name="sglang-otel-kernels-prune",
-                         daemon=True).start()
