@@ -221,12 +221,10 @@ class KernelSite:
         elif skipped is not None:
             added[schema.DUMP_SKIPPED] = skipped
         if self.with_stats and attrs is not None:
-            every: dict = {}
             for _, path, node in entries:
-                _attrs.add_value(every, path, node, True, nonfinite)
-            added.update((key, value) for key, value in every.items() if key not in attrs)
+                _attrs.add_value(added, path, node, True, nonfinite, meta=False)
             if nonfinite:
-                self._set_flags(added, nonfinite, every)
+                self._set_flags(added, nonfinite)
         if added:
             spans.add(span, added)
             if attrs is not None:
@@ -249,12 +247,10 @@ class KernelSite:
     def _span_ids(call: _Call) -> dict:
         return _trace_ids(call_context(call[0]), "span_id") if call[0] is not None else {}
 
-    def _set_flags(self, attrs: dict, nonfinite: list, source: dict | None = None) -> None:
-        """The call's NaN/Inf flags in `attrs`, from the tensor flags in `source` (default: `attrs`)."""
-        source = attrs if source is None else source
+    def _set_flags(self, attrs: dict, nonfinite: list) -> None:
         attrs[schema.NONFINITE] = tuple(nonfinite)
-        attrs[schema.HAS_NAN] = any(source.get(schema.PREFIX + p + ".has_nan", False) for p in nonfinite)
-        attrs[schema.HAS_INF] = any(source.get(schema.PREFIX + p + ".has_inf", False) for p in nonfinite)
+        attrs[schema.HAS_NAN] = any(attrs.get(schema.PREFIX + p + ".has_nan", False) for p in nonfinite)
+        attrs[schema.HAS_INF] = any(attrs.get(schema.PREFIX + p + ".has_inf", False) for p in nonfinite)
 
     def finish(self, call: _Call | None, result: Any) -> None:
         if call is None:

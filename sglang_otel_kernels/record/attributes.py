@@ -78,18 +78,20 @@ def _primitive(node: Scalar):
     return _text(node.text)
 
 
-def add_value(attrs: dict, path: str, node, with_stats: bool, nonfinite: list) -> None:
+def add_value(attrs: dict, path: str, node, with_stats: bool, nonfinite: list, meta: bool = True) -> None:
     """Adds the attributes of `node` at `path`; tensors holding NaN/Inf append
-    their path to `nonfinite`."""
+    their path to `nonfinite`. With `meta=False` only the statistics are added
+    (a call's start record already holds the rest)."""
     if isinstance(node, TensorInfo):
         keys = _tensor_keys(path)
-        attrs[keys[0]] = node.shape
-        attrs[keys[1]] = node.dtype
-        attrs[keys[2]] = node.device
-        if node.stride is not None:
-            attrs[keys[3]] = node.stride
-        attrs[keys[4]] = node.contiguous
-        attrs[keys[5]] = node.requires_grad
+        if meta:
+            attrs[keys[0]] = node.shape
+            attrs[keys[1]] = node.dtype
+            attrs[keys[2]] = node.device
+            if node.stride is not None:
+                attrs[keys[3]] = node.stride
+            attrs[keys[4]] = node.contiguous
+            attrs[keys[5]] = node.requires_grad
         if with_stats:
             if node.stats is not None:
                 low, high, mean, nans, infs = node.stats
@@ -106,16 +108,20 @@ def add_value(attrs: dict, path: str, node, with_stats: bool, nonfinite: list) -
                 attrs[keys[13]] = node.stats_note
         return
     key = PREFIX + path
-    if isinstance(node, Scalar):
-        attrs[key] = _primitive(node)
-    elif isinstance(node, Sequence):
-        attrs[key] = f"{'list' if node.is_list else 'tuple'}[{len(node.items) + node.more}]"
+    if isinstance(node, Sequence):
+        if meta:
+            attrs[key] = f"{'list' if node.is_list else 'tuple'}[{len(node.items) + node.more}]"
         for index, item in enumerate(node.items):
-            add_value(attrs, f"{path}.{index}", item, with_stats, nonfinite)
+            add_value(attrs, f"{path}.{index}", item, with_stats, nonfinite, meta)
     elif isinstance(node, Mapping):
-        attrs[key] = f"dict[{len(node.items) + node.more}]"
+        if meta:
+            attrs[key] = f"dict[{len(node.items) + node.more}]"
         for _, part, item in node.items:
-            add_value(attrs, f"{path}.{_text(part)}", item, with_stats, nonfinite)
+            add_value(attrs, f"{path}.{_text(part)}", item, with_stats, nonfinite, meta)
+    elif not meta:
+        return
+    elif isinstance(node, Scalar):
+        attrs[key] = _primitive(node)
     elif isinstance(node, Elided):
         attrs[key] = f"{node.type_name}(...)"
     elif isinstance(node, Opaque):

@@ -80,7 +80,7 @@ def record_failure(span, exc: BaseException) -> None:
 # (trace id, span id, flags, start time, the call it runs inside on this
 # thread, the trace-file writer or None, name, parent span id, its attributes
 # when it will be handed to processors, else None).
-TRACE_ID, SPAN_ID, FLAGS, START, _, _, NAME_, PARENT_ID, ATTRIBUTES = range(9)
+TRACE_ID, SPAN_ID, FLAGS, START, OUTER, WRITER, NAME_, PARENT_ID, ATTRIBUTES = range(9)
 
 
 class _ThreadState(threading.local):
@@ -217,7 +217,7 @@ class KernelSpans:
         """Attributes of a call that runs, written at once: the statistics of
         its inputs, which need a synchronisation, come after its start record
         so that a hang in earlier GPU work still leaves the call in flight."""
-        writer = call[5]
+        writer = call[WRITER]
         if writer is not None:
             writer.append((tracefile.ATTRIBUTES, call[SPAN_ID], added))
         if call[ATTRIBUTES] is not None:

@@ -87,11 +87,9 @@ class RingFollower:
         return records
 
 
-def parent_watch(pid: int | None) -> Callable[[], bool]:
+def parent_watch(pid: int) -> Callable[[], bool]:
     """Whether the process that writes the file still runs. A process that
     ended but was not reaped yet (a zombie) counts as ended."""
-    if pid is None:
-        return lambda: True
     started_by_it = pid == os.getppid()
 
     def alive() -> bool:

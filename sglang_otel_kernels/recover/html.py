@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from .reader import RecoveredSpan, TraceFileContents
-from .report import build_report, call_lines, is_kernel, render_text, requests_of
+from .report import build_report, call_lines, call_summary, is_kernel, produced_nonfinite, render_text
 
 MAX_CALLS_PER_TRACK = 200  # the newest calls of each thread: what happened just before the end
 
@@ -43,31 +43,26 @@ for (const rect of document.querySelectorAll('rect.call')) {
 """
 
 
-def _call_text(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], last_time: int) -> str:
-    """What a click shows: name, timing, status, inputs, the batch's requests."""
-    end = span.end_time if span.end_time is not None else last_time
-    lines = [span.name, f"thread {span.thread_name or span.thread_id}",
-             "still running at the end of the file" if span.in_flight else f"{(end - span.start_time) / 1000:.1f} us",
-             f"status {span.status_code}" + (f": {span.status_description}" if span.status_description else "")]
-    lines += [f"{key} = {value}" for key, value in span.attributes.items() if key.startswith("sglang.kernel.input")]
-    requests = requests_of(span, by_id)
-    if requests and "batch" in requests:
-        lines.append(f"batch {requests['batch']}: requests {', '.join(requests['request_ids']) or 'no ids'}")
-    return "\n".join(lines)
+def _call_text(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], source: str) -> str:
+    """What hovering or clicking a call shows: the report's lines for it, and its timing."""
+    call = call_summary(span, by_id, source)
+    timing = ("still running at the end of the file" if span.in_flight
+              else f"{call['duration_us']} us, status {call['status']} {call['description']}".rstrip())
+    return "\n".join([*call_lines(call, indent=""), "  " + timing])
 
 
 def _track(spans: list[RecoveredSpan], start: int, end: int, first_bad: int | None,
-           by_id: dict[int, RecoveredSpan], last_time: int, calls: list[str]) -> str:
+           by_id: dict[int, RecoveredSpan], content: TraceFileContents, calls: list[str]) -> str:
     width = max(end - start, 1)
     rects = []
     for span in spans:
-        stop = span.end_time if span.end_time is not None else last_time
+        stop = span.end_time if span.end_time is not None else content.last_time
         x = 100 * (span.start_time - start) / width
         # A call too short to see still shows; the call in flight stands out.
         w = max(100 * (stop - span.start_time) / width, 1.5 if span.in_flight else 0.3)
         kind = ("in-flight" if span.in_flight else "failed" if span.status_code == "ERROR"
                 else "nonfinite" if span.span_id == first_bad else "")
-        text = _call_text(span, by_id, last_time)
+        text = _call_text(span, by_id, content.path)
         calls.append(text)
         rects.append(f'<rect class="call {kind}" data-call="{len(calls) - 1}" data-name="{html.escape(span.name)}" '
                      f'x="{x:.3f}%" y="3" width="{w:.3f}%" height="22"><title>{html.escape(text)}</title></rect>')
@@ -77,9 +72,9 @@ def _track(spans: list[RecoveredSpan], start: int, end: int, first_bad: int | No
 def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None = None) -> str:
     report = report if report is not None else build_report(contents, last=10)
     by_id = {span.span_id: span for c in contents for span in c.spans}
-    first = report["first_nonfinite_output"]
-    first_bad = next((s.span_id for c in contents for s in c.spans
-                      if first and is_kernel(s) and any(e[0] == "nonfinite_output" for e in s.events)), None)
+    # The first producer of NaN/Inf across the files, as the report finds it.
+    first_bad = min(((s.start_time, s.span_id) for c in contents for s in c.spans
+                     if is_kernel(s) and produced_nonfinite(s)), default=(0, None))[1]
     verdict = ("crashed", "CRASHED: a kernel call was running when the process died") if report["crashed"] else \
         ("failed", f"{len(report['failed'])} failed call(s)") if report["failed"] else ("clean", "no crash, no failure")
     calls: list[str] = []
@@ -99,7 +94,7 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
         title = f"{content.path} (pid {content.metadata.get('pid')}" + (f", rank {rank})" if rank is not None else ")")
         rows = "".join(
             f'<div class="track"><div class="track-name">thread {html.escape(str(name))}: '
-            f"last {len(spans)} call(s)</div>{_track(spans, start, end, first_bad, by_id, content.last_time, calls)}</div>"
+            f"last {len(spans)} call(s)</div>{_track(spans, start, end, first_bad, by_id, content, calls)}</div>"
             for name, spans in newest.items())
         crashed = "".join(
             f'<div class="in-flight-call">In flight when the process ended:\n'

@@ -36,6 +36,7 @@ _COMPACT_END = "e"
 _KERNEL_START = "ks"
 _KERNEL_END = "ke"
 _SPAN_START = "s"
+_START_ATTRIBUTES = 9  # where a _SPAN_START tuple holds its attributes (see _span)
 # Not in any file: the reader's mark of a break in the sequence numbers (the
 # ring overwrote, or a follower was lapped by, the records in between).
 GAP = ("gap",)
@@ -569,7 +570,8 @@ class Assembler:
         elif kind == fmt.ATTRIBUTES:
             start = self.starts.get(record[1])
             if start is not None:  # a span's attributes added after its start record, before its kernel ran
-                self.starts[record[1]] = (*start[:9], {**start[9], **record[2]}, *start[10:])
+                attributes = {**start[_START_ATTRIBUTES], **record[2]}
+                self.starts[record[1]] = (*start[:_START_ATTRIBUTES], attributes, *start[_START_ATTRIBUTES + 1:])
         elif kind == fmt.FAILURE:
             self.failures[record[1]] = record
         elif kind == fmt.THREAD:

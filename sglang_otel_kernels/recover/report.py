@@ -61,7 +61,7 @@ def _texts(value: Any) -> list[str]:
     return [str(value)]
 
 
-def requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[str, Any] | None:
+def _requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[str, Any] | None:
     """The batch around a call and the requests it served, walking up the parents."""
     current = span
     seen = 0
@@ -81,7 +81,13 @@ def requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[st
     return None
 
 
-def _call(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], source: str) -> dict[str, Any]:
+def produced_nonfinite(span: RecoveredSpan) -> bool:
+    """The call's output holds NaN/Inf and none of its inputs did."""
+    return any(event[0] == "nonfinite_output" for event in span.events)
+
+
+def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], source: str) -> dict[str, Any]:
+    """One call as the report shows it (`call_lines` renders it)."""
     exception = next((attrs for name, _, attrs in span.events if name == "exception"), None)
     return {
         "name": span.name,
@@ -96,7 +102,7 @@ def _call(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], source: str) -> 
         "dump_dir": span.attributes.get(DUMP_DIR),
         "exception": None if exception is None else {
             "type": exception.get("exception.type"), "message": exception.get("exception.message")},
-        "requests": requests_of(span, by_id),
+        "requests": _requests_of(span, by_id),
         "trace_id": f"{span.trace_id:032x}",
         "span_id": f"{span.span_id:016x}",
     }
@@ -115,9 +121,9 @@ def build_report(contents: list[TraceFileContents], last: int = 10) -> dict[str,
     by_id = {span.span_id: span for span, _ in spans}
     kernels = [(span, source) for span, source in spans if is_kernel(span)]
     live = {c.path for c in contents if c.live}
-    in_flight = [dict(_call(s, by_id, f), in_flight_in_dead_process=f not in live) for s, f in kernels if s.in_flight]
-    failed = [_call(s, by_id, f) for s, f in kernels if not s.in_flight and s.status_code == "ERROR"]
-    first_bad = next(((s, f) for s, f in kernels if any(e[0] == "nonfinite_output" for e in s.events)), None)
+    in_flight = [dict(call_summary(s, by_id, f), in_flight_in_dead_process=f not in live) for s, f in kernels if s.in_flight]
+    failed = [call_summary(s, by_id, f) for s, f in kernels if not s.in_flight and s.status_code == "ERROR"]
+    first_bad = next(((s, f) for s, f in kernels if produced_nonfinite(s)), None)
     ended = [(s, f) for s, f in kernels if not s.in_flight]
     summary: dict[str, dict[str, Any]] = defaultdict(lambda: {"calls": 0, "errors": 0, "in_flight": 0, "total_us": 0.0})
     for span, _ in kernels:
@@ -143,8 +149,8 @@ def build_report(contents: list[TraceFileContents], last: int = 10) -> dict[str,
         "running": any(c.live for c in contents),
         "in_flight": in_flight,
         "failed": failed,
-        "last_calls": [_call(s, by_id, f) for s, f in ended[-last:]] if last > 0 else [],
-        "first_nonfinite_output": None if first_bad is None else _call(first_bad[0], by_id, first_bad[1]),
+        "last_calls": [call_summary(s, by_id, f) for s, f in ended[-last:]] if last > 0 else [],
+        "first_nonfinite_output": None if first_bad is None else call_summary(first_bad[0], by_id, first_bad[1]),
         "tracebacks": tracebacks,
         "summary": {name: dict(row, total_us=round(row["total_us"], 1)) for name, row in sorted(summary.items())},
         "in_flight_other_spans": [
