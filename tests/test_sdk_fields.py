@@ -56,3 +56,13 @@ def test_the_global_provider_guard_a_hand_over_resets():
     fresh = type(trace._TRACER_PROVIDER_SET_ONCE)()
     ran = []
     assert fresh.do_once(lambda: ran.append(1)) and ran == [1]
+
+
+def test_the_current_span_key_the_kernel_path_reads():
+    from opentelemetry import context, trace
+    from opentelemetry.trace.propagation import _SPAN_KEY
+
+    span = trace.NonRecordingSpan(trace.SpanContext(5, 6, False))
+    assert context.get_current().get(_SPAN_KEY) is None
+    with trace.use_span(span):
+        assert context.get_current().get(_SPAN_KEY) is span is trace.get_current_span()

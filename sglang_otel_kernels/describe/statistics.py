@@ -2,8 +2,9 @@
 
 Values are those SGLang prints (computed in float32; complex tensors by
 magnitude; integer and bool tensors converted), gathered in as few passes as
-possible: one `aminmax` and one `mean` per tensor. NaN propagates into min and
-max, and +/-Inf shows as a bound, so the counting passes (`isnan`, `isinf`,
+possible: one `aminmax` and one `sum` per tensor (the mean is the sum over
+the element count, as `mean` computes it, without its extra division kernel).
+NaN propagates into min and max, and +/-Inf shows as a bound, so the counting passes (`isnan`, `isinf`,
 on the float32 view: float8 types have no `isinf`) run only when min or max
 shows one, and never for integer and bool tensors, which hold neither. On an
 accelerator the scalars of all of a call's tensors are gathered on the device
@@ -29,6 +30,8 @@ META = "skipped: meta tensor"
 def _skip_reason(tensor: torch.Tensor, capturing: dict) -> str | None:
     if tensor.numel() == 0:
         return EMPTY
+    if tensor.is_cpu:  # a property read, where `device.type` builds a device object
+        return None if tensor.layout is torch.strided else _layout_note(tensor)
     device_type = tensor.device.type
     if device_type in ("cuda", "xpu"):
         if device_type not in capturing:
@@ -38,8 +41,12 @@ def _skip_reason(tensor: torch.Tensor, capturing: dict) -> str | None:
     if tensor.is_meta:
         return META
     if tensor.layout is not torch.strided:
-        return f"skipped: {str(tensor.layout).replace('torch.', '')} layout"
+        return _layout_note(tensor)
     return None
+
+
+def _layout_note(tensor: torch.Tensor) -> str:
+    return f"skipped: {str(tensor.layout).replace('torch.', '')} layout"
 
 
 def _float_view(tensor: torch.Tensor) -> torch.Tensor:
@@ -57,11 +64,11 @@ def _counts(source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _flagged(tensor: torch.Tensor, low: float, high: float) -> bool:
     """Whether min or max shows a NaN or an Inf (only a float or complex tensor can)."""
-    return (tensor.is_floating_point() or tensor.is_complex()) and not (math.isfinite(low) and math.isfinite(high))
+    return not (math.isfinite(low) and math.isfinite(high)) and (tensor.is_floating_point() or tensor.is_complex())
 
 
 def on_host(tensor: torch.Tensor) -> bool:
-    return tensor.device.type == "cpu"
+    return tensor.is_cpu
 
 
 def is_device_error(exc: BaseException) -> bool:
@@ -79,26 +86,25 @@ def fill_statistics(infos: list[TensorInfo]) -> "BaseException | None":
         return None
     capturing: dict = {}
     deferred: list[tuple[TensorInfo, torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    with torch.no_grad():
-        for info in infos:
-            try:
-                tensor = info.tensor.detach()
-                reason = _skip_reason(tensor, capturing)
-                if reason is not None:
-                    info.stats_note = reason
-                    continue
-                source = _float_view(tensor)
-                low, high = torch.aminmax(source)
-                mean = source.mean()
-                if on_host(tensor):
-                    info.stats = _host_stats(tensor, source, low.item(), high.item(), mean.item())
-                else:
-                    deferred.append((info, tensor, source, torch.stack([low, high, mean])))
-            except Exception as exc:
-                info.stats_note = f"unavailable: {type(exc).__name__}"
-        if deferred:
-            return _transfer(deferred)
-    return None
+    for info in infos:
+        try:
+            tensor = info.tensor
+            if tensor.requires_grad:  # else the reductions would join its autograd graph
+                tensor = tensor.detach()
+            reason = _skip_reason(tensor, capturing)
+            if reason is not None:
+                info.stats_note = reason
+                continue
+            source = _float_view(tensor)
+            low, high = torch.aminmax(source)
+            total = source.sum()
+            if on_host(tensor):
+                info.stats = _host_stats(tensor, source, low.item(), high.item(), total.item() / source.numel())
+            else:
+                deferred.append((info, tensor, source, torch.stack([low, high, total])))
+        except Exception as exc:
+            info.stats_note = f"unavailable: {type(exc).__name__}"
+    return _transfer(deferred) if deferred else None
 
 
 def _host_stats(tensor: torch.Tensor, source: torch.Tensor, low: float, high: float, mean: float) -> tuple:
@@ -133,8 +139,8 @@ def _transfer(deferred: list) -> "BaseException | None":
             continue
         counted = []
         for index, (info, tensor, source, _) in enumerate(entries):
-            low, high, mean = flat[3 * index : 3 * index + 3]
-            info.stats = (low, high, mean, 0, 0)
+            low, high, total = flat[3 * index : 3 * index + 3]
+            info.stats = (low, high, total / source.numel(), 0, 0)
             if _flagged(tensor, low, high):
                 try:
                     counted.append((info, torch.stack(_counts(source)).float()))

@@ -30,17 +30,23 @@ class TensorInfo:
         "stats_note",
     )
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    def __init__(self, tensor: torch.Tensor, shape: tuple = (), dtype: str = "unknown", device: str = "unknown",
+                 stride: tuple | None = None, contiguous: bool = False, requires_grad: bool = False) -> None:
         self.tensor = tensor
-        self.shape: tuple = ()
-        self.dtype = "unknown"
-        self.device = "unknown"
-        self.stride: tuple | None = None
-        self.contiguous = False
-        self.requires_grad = False
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self.stride = stride
+        self.contiguous = contiguous
+        self.requires_grad = requires_grad
         # (min, max, mean, nan_count, inf_count), or a note saying why not.
         self.stats: tuple | None = None
         self.stats_note: str | None = None
+
+
+def _device_name(tensor: torch.Tensor) -> str:
+    # `is_cpu` is a flag read; `str(tensor.device)` builds a device object first.
+    return "cpu" if tensor.is_cpu else str(tensor.device)
 
 
 def _stride(tensor: torch.Tensor) -> tuple | None:
@@ -52,7 +58,7 @@ def _stride(tensor: torch.Tensor) -> tuple | None:
 _READERS = (
     ("shape", lambda t: tuple(t.shape)),
     ("dtype", lambda t: _dtype_name(t.dtype)),
-    ("device", lambda t: str(t.device)),
+    ("device", _device_name),
     ("requires_grad", lambda t: bool(t.requires_grad)),
     ("contiguous", lambda t: bool(t.is_contiguous())),
     ("stride", _stride),
@@ -60,18 +66,14 @@ _READERS = (
 
 
 def describe_tensor(tensor: torch.Tensor) -> TensorInfo:
-    info = TensorInfo(tensor)
     try:
-        info.shape = tuple(tensor.shape)
-        info.dtype = _dtype_name(tensor.dtype)
-        info.device = str(tensor.device)
-        info.requires_grad = bool(tensor.requires_grad)
-        info.contiguous = bool(tensor.is_contiguous())
-        info.stride = _stride(tensor)
+        return TensorInfo(tensor, tuple(tensor.shape), _dtype_name(tensor.dtype), _device_name(tensor),
+                          _stride(tensor), bool(tensor.is_contiguous()), bool(tensor.requires_grad))
     except Exception:
+        info = TensorInfo(tensor)
         for field, read in _READERS:
             try:
                 setattr(info, field, read(tensor))
             except Exception:
                 continue
-    return info
+        return info

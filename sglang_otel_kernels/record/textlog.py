@@ -24,77 +24,57 @@ _ITEM_INDENT = " " * 6
 _ENTRY_INDENT = " " * 4
 
 
-def _tensor_lines(info: TensorInfo, with_stats: bool) -> list[str]:
-    lines = [
-        "Tensor(",
-        f"  shape={info.shape}",
-        f"  dtype={info.dtype}",
-        f"  device={info.device}",
-        f"  requires_grad={info.requires_grad}",
-        f"  is_contiguous={info.contiguous}",
-    ]
+def _tensor_text(info: TensorInfo, with_stats: bool, indent: str) -> str:
+    text = (f"Tensor(\n{indent}  shape={info.shape}\n{indent}  dtype={info.dtype}\n{indent}  device={info.device}"
+            f"\n{indent}  requires_grad={info.requires_grad}\n{indent}  is_contiguous={info.contiguous}")
     if with_stats:
         if info.stats is not None:
             low, high, mean, nans, infs = info.stats
-            lines += [
-                f"  min={low:.6f}",
-                f"  max={high:.6f}",
-                f"  mean={mean:.6f}",
-                f"  nan_count={nans}",
-                f"  inf_count={infs}",
-            ]
+            text += (f"\n{indent}  min={low:.6f}\n{indent}  max={high:.6f}\n{indent}  mean={mean:.6f}"
+                     f"\n{indent}  nan_count={nans}\n{indent}  inf_count={infs}")
         elif info.stats_note is not None:
-            lines.append(f"  statistics=[{info.stats_note}]")
-    lines.append(")")
-    return lines
+            text += f"\n{indent}  statistics=[{info.stats_note}]"
+    return text + f"\n{indent})"
 
 
-def _nested(lines: list[str], label: str, item_lines: list[str]) -> None:
-    lines.append(f"  {label} {item_lines[0]}")
-    lines.extend(_ITEM_INDENT + extra for extra in item_lines[1:])
-
-
-def node_lines(node, with_stats: bool) -> list[str]:
-    """A described value as SGLang renders it, a list of lines."""
+def node_text(node, with_stats: bool, indent: str = "") -> str:
+    """A described value as SGLang renders it: its lines joined, every line
+    after the first prefixed by `indent` (where the value sits in the log).
+    One string built at once, not lines re-indented at each nesting level."""
     if isinstance(node, TensorInfo):
-        return _tensor_lines(node, with_stats)
+        return _tensor_text(node, with_stats, indent)
     if isinstance(node, Scalar):
-        return [node.text]
+        return node.text
+    inner = indent + _ITEM_INDENT
     if isinstance(node, Sequence):
-        lines = ["[" if node.is_list else "("]
+        text = "[" if node.is_list else "("
         for index, item in enumerate(node.items):
-            _nested(lines, f"[{index}]", node_lines(item, with_stats))
+            text += f"\n{indent}  [{index}] {node_text(item, with_stats, inner)}"
         if node.more > 0:
-            lines.append(f"  ... ({node.more} more items)")
-        lines.append("]" if node.is_list else ")")
-        return lines
+            text += f"\n{indent}  ... ({node.more} more items)"
+        return text + f"\n{indent}{']' if node.is_list else ')'}"
     if isinstance(node, Mapping):
-        lines = ["{"]
+        text = "{"
         for key_repr, _, item in node.items:
-            _nested(lines, f"{key_repr}:", node_lines(item, with_stats))
+            text += f"\n{indent}  {key_repr}: {node_text(item, with_stats, inner)}"
         if node.more > 0:
-            lines.append(f"  ... ({node.more} more items)")
-        lines.append("}")
-        return lines
+            text += f"\n{indent}  ... ({node.more} more items)"
+        return text + f"\n{indent}}}"
     if isinstance(node, Elided):
-        return [f"{node.type_name}(...)"]
+        return f"{node.type_name}(...)"
     if isinstance(node, Opaque):
-        lines = [f"{node.type_name}("]
-        lines += [f"  {name}={text}" for name, text in node.fields]
+        text = f"{node.type_name}("
+        for name, value in node.fields:
+            text += f"\n{indent}  {name}={value}"
         if node.repr is not None:
-            lines.append(f"  repr={node.repr}")
-        lines.append(")")
-        return lines
+            text += f"\n{indent}  repr={node.repr}"
+        return text + f"\n{indent})"
     raise TypeError(f"not a description node: {type(node).__name__}")
 
 
 def section_lines(title: str, entries: Iterable[tuple[str, object]], with_stats: bool) -> list[str]:
-    lines = [title]
-    for name, node in entries:
-        value_lines = node_lines(node, with_stats)
-        lines.append(f"  {name}={value_lines[0]}")
-        lines.extend(_ENTRY_INDENT + extra for extra in value_lines[1:])
-    return lines
+    """The title, then one text per entry (each of one or more lines)."""
+    return [title] + [f"  {name}={node_text(node, with_stats, _ENTRY_INDENT)}" for name, node in entries]
 
 
 _stamp_second = -1

@@ -426,14 +426,17 @@ class TraceFileWriter:
                     self.threads[ident] = name
                     self._put(ENCODING_MARSHAL, encode((THREAD, ident, name)))
 
-    def write_record(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
+    def write_record(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack_into=RECORD_HEADER.pack_into) -> None:
         """Frames and copies one encoded record into the ring (thread-safe).
         It runs twice per kernel call: the defaults bind what it needs as
         locals, and a record that fits before the ring's end, below the
-        published high-water mark, is copied inline."""
+        published high-water mark, is copied inline (the lock taken by hand:
+        a `with` block costs twice as much here)."""
         length = len(payload)
         crc = _crc(payload)
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             offset = self._offset
             end = offset + ((_RECORD_HEADER_SIZE + length + ALIGN - 1) & -ALIGN)
             if end > self._inline_end:
@@ -442,8 +445,13 @@ class TraceFileWriter:
                 return
             self._sequence = sequence = self._sequence + 1
             start = HEADER_SIZE + offset
-            self._view[start : start + _RECORD_HEADER_SIZE + length] = _pack(RECORD_MAGIC, length, sequence, crc, encoding) + payload
+            view = self._view
+            _pack_into(view, start, RECORD_MAGIC, length, sequence, crc, encoding)
+            start += _RECORD_HEADER_SIZE
+            view[start : start + length] = payload
             self._offset = end
+        finally:
+            lock.release()
 
     def _ready(self) -> bool:
         # With the lock held: the file is created on the first record.
