@@ -24,7 +24,8 @@ def test_span_fields_read_by_the_trace_file_processor():
     assert (span._name, span._kind._value_) == ("s", SpanKind.INTERNAL.value)
     assert span._start_time <= span._end_time
     assert span._instrumentation_scope.name == "t"
-    assert span._status.status_code._value_ == 0
+    assert span._status._status_code._value_ == 0 and span._status._description is None
+    assert tuple(span._context)[1] == span._context.span_id and tuple(span._parent)[2] is False
 
 
 def test_provider_fields_used_to_hand_kernel_spans_to_its_processors():
