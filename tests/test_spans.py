@@ -128,6 +128,30 @@ def test_nesting_under_request_span_and_kernel_in_kernel(record, provider):
     assert trace.get_current_span() is trace.INVALID_SPAN
 
 
+def test_each_call_takes_the_parent_current_at_that_call(record, provider):
+    # The parent is looked up once per context and kept: switching contexts
+    # back and forth, and leaving them, must never reuse a stale one.
+    exporter = record(level=1)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda x: x)
+    tracer = provider.get_tracer("app")
+    a, b = tracer.start_span("a"), tracer.start_span("b")
+    expected = []
+    for span in (a, b, a, None, None, b, None):
+        if span is None:
+            kernel(1)
+        else:
+            with trace.use_span(span):
+                kernel(1)
+        expected.append(span)
+    kernels = [s for s in exporter.get_finished_spans() if s.name == "k"]
+    assert [s.parent.span_id if s.parent else None for s in kernels] == [
+        span.get_span_context().span_id if span else None for span in expected]
+    assert [s.context.trace_id for s, span in zip(kernels, expected) if span is not None] == [
+        span.get_span_context().trace_id for span in expected if span is not None]
+    alone = [s.context.trace_id for s, span in zip(kernels, expected) if span is None]
+    assert len(set(alone)) == 3 and not {a.get_span_context().trace_id, b.get_span_context().trace_id} & set(alone)
+
+
 def test_exception_sets_error_and_is_reraised_unchanged(record):
     exporter = record(level=3)
     error = RuntimeError("CUDA error: device-side assert triggered")

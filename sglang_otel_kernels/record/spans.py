@@ -105,6 +105,20 @@ def call_context(call: tuple) -> SpanContext:
                        _SAMPLED if call[FLAGS] & tracefile.FLAG_SAMPLED else _NOT_SAMPLED)
 
 
+def _parent_of(context) -> tuple:
+    """(context, trace id, parent span id, flags) for a kernel call whose
+    parent is the current span of `context`; trace id and parent 0 when it
+    has none (the call starts a trace of its own)."""
+    span = context.get(_SPAN_KEY) if context is not None else None
+    # SpanContext is a tuple (trace id, span id, is remote, flags, state, is
+    # valid): unpacked at once, its properties cost 45 ns each.
+    trace_id, parent_id, remote, trace_flags, _, valid = (span or trace.INVALID_SPAN).get_span_context()
+    if not valid:
+        return context, 0, 0, 1
+    # Sampled, and so is the parent (FLAG_PARENT_SAMPLED); FLAG_REMOTE_PARENT.
+    return context, trace_id, parent_id, (trace_flags & 1) * 9 | (2 if remote else 0)
+
+
 class _ThroughTracer:
     """Stands for the span processors of a provider that is not the SDK's,
     which takes no finished span: each ended kernel call is made again as a
@@ -142,6 +156,11 @@ class KernelSpans:
         self._seen: tuple = ()  # its processors when last looked at
         self._targets = None  # it, when it holds one besides the trace file's
         self._scope = InstrumentationScope(TRACER_NAME, __version__)
+        # The OpenTelemetry context of the last call and what it gives a call
+        # (see _parent_of): contexts are immutable, and consecutive kernel
+        # calls mostly run in the same one (a batch's). One tuple, replaced
+        # whole, so threads may share it.
+        self._parent = _parent_of(None)
 
     def setup(self):
         if not self.sdk:
@@ -168,8 +187,7 @@ class KernelSpans:
 
     def start(self, name: str, level: int, seq: int, extra: dict | None,
               _pack=tracefile.KERNEL_SPAN.pack, _encode=tracefile.encode, _bits=random.getrandbits,
-              _kind=tracefile.ENCODING_KERNEL_SPAN, _context_now=_context.get_current, _span_key=_SPAN_KEY,
-              _invalid=trace.INVALID_SPAN, _ident=threading.get_ident,
+              _kind=tracefile.ENCODING_KERNEL_SPAN, _context_now=_context.get_current, _ident=threading.get_ident,
               _now=time_ns, _local=_thread, _noted=tracefile.noted) -> tuple:
         """Writes the start record of a call (its attributes beyond name,
         level and seq in `extra`) and makes it this thread's current call.
@@ -181,16 +199,13 @@ class KernelSpans:
             trace_id, parent_id = outer[TRACE_ID], outer[SPAN_ID]
             flags = (outer[FLAGS] & 1) * 9  # sampled, and so is the parent (FLAG_PARENT_SAMPLED)
         else:
-            # SpanContext is a tuple (trace id, span id, is remote, flags, state,
-            # is valid): unpacked at once, its properties cost 45 ns each.
-            trace_id, parent_id, remote, trace_flags, _, valid = (
-                _context_now().get(_span_key) or _invalid).get_span_context()
-            if valid:
-                flags = (trace_flags & 1) * 9
-                if remote:
-                    flags |= 2  # FLAG_REMOTE_PARENT
-            else:
-                trace_id, parent_id, flags = _bits(128) or 1, 0, 1
+            context = _context_now()
+            parent = self._parent
+            if parent[0] is not context:
+                parent = self._parent = _parent_of(context)
+            _, trace_id, parent_id, flags = parent
+            if not parent_id:
+                trace_id = _bits(128) or 1
         flags |= self.flags
         span_id = _bits(64) or 1
         writer = _processor._current
