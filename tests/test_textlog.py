@@ -108,3 +108,23 @@ def test_exception_line_only_for_exception_subclasses(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         interrupted()
     assert "Exception" not in log.read_text()
+
+
+def test_tensor_lines_are_the_same_from_the_cache_and_for_unhashable_shapes():
+    from sglang_otel_kernels.describe.tensors import TensorInfo
+    from sglang_otel_kernels.record.textlog import node_text
+
+    class Unhashable(tuple):
+        __hash__ = None
+
+    def info(shape):
+        made = TensorInfo(None, shape, "torch.float32", "cpu", (1,), True, False)
+        made.stats = (0.0, 1.0, 0.5, 0, 0)
+        return made
+
+    first = node_text(info((2, 3)), True, "  ")
+    assert node_text(info((2, 3)), True, "  ") == first  # from the cache
+    assert node_text(info(Unhashable((2, 3))), True, "  ") == first
+    assert first.splitlines() == ["Tensor(", "    shape=(2, 3)", "    dtype=torch.float32", "    device=cpu",
+                                  "    requires_grad=False", "    is_contiguous=True", "    min=0.000000",
+                                  "    max=1.000000", "    mean=0.500000", "    nan_count=0", "    inf_count=0", "  )"]

@@ -22,6 +22,7 @@ import torch
 from ..capture.guards import is_graph_capturing
 from .tensors import TensorInfo
 
+_isfinite = math.isfinite
 EMPTY = "empty tensor"
 GRAPH_CAPTURE = "skipped: graph capture in progress"
 META = "skipped: meta tensor"
@@ -99,7 +100,10 @@ def fill_statistics(infos: list[TensorInfo]) -> "BaseException | None":
             low, high = torch.aminmax(source)
             total = source.sum()
             if on_host(tensor):
-                info.stats = _host_stats(tensor, source, low.item(), high.item(), total.item() / source.numel())
+                low, high, mean = low.item(), high.item(), total.item() / source.numel()
+                # Finite bounds: no NaN and no Inf, nothing to count (the usual case).
+                info.stats = ((low, high, mean, 0, 0) if _isfinite(low) and _isfinite(high)
+                              else _host_stats(tensor, source, low, high, mean))
             else:
                 deferred.append((info, tensor, source, torch.stack([low, high, total])))
         except Exception as exc:

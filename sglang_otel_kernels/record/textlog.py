@@ -24,9 +24,25 @@ _ITEM_INDENT = " " * 6
 _ENTRY_INDENT = " " * 4
 
 
+# The metadata lines of a tensor, by (shape, dtype, device, requires_grad,
+# contiguous, indent): a decode step logs the same few shapes over and over,
+# and a lookup costs a third of formatting them. Bounded: new shapes past the
+# bound are formatted each time.
+_meta_texts: dict = {}
+_META_TEXTS_LIMIT = 1024
+
+
 def _tensor_text(info: TensorInfo, with_stats: bool, indent: str) -> str:
-    text = (f"Tensor(\n{indent}  shape={info.shape}\n{indent}  dtype={info.dtype}\n{indent}  device={info.device}"
-            f"\n{indent}  requires_grad={info.requires_grad}\n{indent}  is_contiguous={info.contiguous}")
+    key = (info.shape, info.dtype, info.device, info.requires_grad, info.contiguous, indent)
+    try:
+        text = _meta_texts.get(key)
+    except TypeError:  # a shape of symbolic sizes, which do not hash
+        text = key = None
+    if text is None:
+        text = (f"Tensor(\n{indent}  shape={info.shape}\n{indent}  dtype={info.dtype}\n{indent}  device={info.device}"
+                f"\n{indent}  requires_grad={info.requires_grad}\n{indent}  is_contiguous={info.contiguous}")
+        if key is not None and len(_meta_texts) < _META_TEXTS_LIMIT:
+            _meta_texts[key] = text
     if with_stats:
         if info.stats is not None:
             low, high, mean, nans, infs = info.stats
