@@ -67,3 +67,14 @@ def test_the_current_span_key_the_kernel_path_reads():
     assert context.get_current().get(_SPAN_KEY) is None
     with trace.use_span(span):
         assert context.get_current().get(_SPAN_KEY) is span is trace.get_current_span()
+
+
+def test_a_file_resource_hashes_and_compares_as_the_sdks_resource():
+    from opentelemetry.sdk.resources import Resource
+
+    from sglang_otel_kernels.recover.replay import FileResource
+
+    attributes = {"service.name": "s", "process.pid": 7}
+    assert hash(FileResource(attributes)) == hash(Resource(attributes))
+    assert FileResource(attributes) == Resource(attributes) and FileResource(attributes) != Resource({"a": 1})
+    assert FileResource(attributes).attributes == attributes

@@ -126,6 +126,8 @@ class ExportSampler:
         parent = span.parent
         if self.parent_based and parent is not None and parent.is_remote:
             return parent.trace_flags.sampled
+        if self.root is ALWAYS_ON:  # what it would say, without its look at the current context
+            return True
         result = self.root.should_sample(None, span.context.trace_id, span.name)
         return result.decision.is_sampled()
 

@@ -12,7 +12,6 @@ import os
 import time
 from typing import Callable
 
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..notices import warn
@@ -22,7 +21,7 @@ from ..record import tracefile as fmt
 from ..schema import NAME
 from .reader import (GAP, Assembler, TraceFileError, map_trace_file, read_header, record_at, scan, with_gaps,
                      writer_alive)
-from .replay import BATCH, readable
+from .replay import BATCH, FileResource, readable
 
 # Spans kept for a back end that does not take them, then the oldest are dropped.
 _MAX_PENDING = 50_000
@@ -139,7 +138,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
             raise TraceFileError(f"{path}: no such file (waited {wait_s:g} s for it)")
         time.sleep(interval)
     follower = RingFollower(path)
-    resource = Resource(resource_attributes(follower.metadata))
+    resource = FileResource(resource_attributes(follower.metadata))
     assembler = Assembler()
     sampler = ExportSampler()
     pending: list = []

@@ -23,6 +23,35 @@ from .reader import RecoveredSpan, TraceFileContents
 BATCH = 512
 
 
+class FileResource(Resource):
+    """A trace file's resource. The OTLP encoder groups spans by resource, so
+    it hashes the resource of every span, and Resource hashes by writing its
+    attributes as JSON; they never change, so the hash is taken once."""
+
+    def __init__(self, attributes, schema_url: str | None = None) -> None:
+        super().__init__(attributes, schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+_scopes: dict = {}
+_SCOPES_LIMIT = 1024
+
+
+def _scope(name: str | None, version: str | None) -> InstrumentationScope:
+    """One InstrumentationScope per (name, version), for the same reason: the
+    encoder groups by scope too, and a scope hashes in Python."""
+    key = (name or "unknown", version or None)
+    scope = _scopes.get(key)
+    if scope is None:
+        scope = InstrumentationScope(*key)
+        if len(_scopes) < _SCOPES_LIMIT:
+            _scopes[key] = scope
+    return scope
+
+
 def readable(span: RecoveredSpan, resource: Resource, last_time: int) -> ReadableSpan:
     parent = None
     if span.parent_span_id:
@@ -41,7 +70,7 @@ def readable(span: RecoveredSpan, resource: Resource, last_time: int) -> Readabl
         status=Status(StatusCode[span.status_code], span.status_description or None),
         start_time=span.start_time,
         end_time=span.end_time if span.end_time is not None else max(last_time, span.start_time),
-        instrumentation_scope=InstrumentationScope(span.scope_name or "unknown", span.scope_version or None),
+        instrumentation_scope=_scope(span.scope_name, span.scope_version),
     )
 
 
@@ -78,7 +107,7 @@ def replay(
     work = []
     in_flight = 0
     for content in contents:
-        resource = Resource(resource_attributes(content.metadata))
+        resource = FileResource(resource_attributes(content.metadata))
         work.extend(readable(span, resource, content.last_time) for span in content.spans)
         in_flight += sum(span.in_flight for span in content.spans)
     sent = 0
