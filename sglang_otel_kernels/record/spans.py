@@ -254,7 +254,7 @@ class KernelSpans:
         if writer is not None:
             if added or events or description:
                 writer.append((tracefile.CALL_END, span_id, end, status, description, events, added or {}))
-            elif not writer.failed:
+            else:  # a writer that failed since the start writes nothing
                 writer.write_record(_encoding, _compact(span_id, end, status))
         if attributes is not None and flags & tracefile.FLAG_SAMPLED:
             self._hand_over(call, end, added, events, status, description)
