@@ -193,8 +193,31 @@ def test_the_sidecar_is_the_default_exporter_with_an_endpoint_and_absent_without
     assert _followers(tmp_path) == []
 
 
+def test_the_sidecar_runs_niced_beside_its_application(tmp_path, receiver):
+    # Export is background work: it yields the cores to the application's.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off",
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
+               OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
+    app = subprocess.Popen(
+        [sys.executable, "-c", "import sys, sglang_otel_kernels as sok\n"
+         "sok.debug_kernel_api(op_name='k')(lambda: None)(); print('called', flush=True); sys.stdin.read()"],
+        cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert app.stdout.readline() == "called\n"
+        [line] = _followers(tmp_path)
+        pid = line.split()[0]
+        niceness = subprocess.run(["ps", "-o", "ni=", "-p", pid], capture_output=True, text=True).stdout.strip()
+        own = subprocess.run(["ps", "-o", "ni=", "-p", str(app.pid)], capture_output=True, text=True).stdout.strip()
+        assert int(niceness) == min(int(own) + 10, 19)
+    finally:
+        app.communicate("", timeout=60)
+    receiver.wait_for(lambda got: any(span["name"] == "k" for span in got))
+
+
 def _followers(tmp_path) -> list:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    # -ww: whole command lines, whatever COLUMNS says (pytest sets it)
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if " follow " in line and str(tmp_path) in line]
 
 

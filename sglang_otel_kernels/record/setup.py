@@ -248,7 +248,8 @@ def _no_sidecar() -> None:
 def _start_sidecar(trace_path: str) -> None:
     """`sglang-otel-kernels follow` for this file and process, in its own
     session (a Ctrl-C for the application must not stop it before it has
-    exported what the application left); it exits after this process does."""
+    exported what the application left), at a lower priority (nice 10); it
+    exits after this process does."""
     if export.otlp_endpoint() is None:
         return  # nothing to export to
     command = ["follow", trace_path, "--pid", str(os.getpid())]
@@ -259,7 +260,9 @@ def _start_sidecar(trace_path: str) -> None:
     # Not `-m sglang_otel_kernels`: that searches the working directory
     # first, where another `sglang_otel_kernels/` would run instead. The
     # sidecar imports this very package, from where it was loaded.
-    code = f"import sys; sys.path[0] = {_PACKAGE_ROOT!r}; from sglang_otel_kernels.__main__ import main; sys.exit(main())"
+    # Niced: export is background work, and yields the cores to the application's.
+    code = (f"import os, sys; os.nice(10); sys.path[0] = {_PACKAGE_ROOT!r}; "
+            "from sglang_otel_kernels.__main__ import main; sys.exit(main())")
     try:
         subprocess.Popen(
             [sys.executable, "-c", code, *command],
