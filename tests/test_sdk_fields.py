@@ -59,16 +59,6 @@ def test_the_global_provider_guard_a_hand_over_resets():
     assert fresh.do_once(lambda: ran.append(1)) and ran == [1]
 
 
-def test_the_current_span_key_the_kernel_path_reads():
-    from opentelemetry import context, trace
-    from opentelemetry.trace.propagation import _SPAN_KEY
-
-    span = trace.NonRecordingSpan(trace.SpanContext(5, 6, False))
-    assert context.get_current().get(_SPAN_KEY) is None
-    with trace.use_span(span):
-        assert context.get_current().get(_SPAN_KEY) is span is trace.get_current_span()
-
-
 def test_a_file_resource_hashes_and_compares_as_the_sdks_resource():
     from opentelemetry.sdk.resources import Resource
 

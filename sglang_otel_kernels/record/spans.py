@@ -27,9 +27,6 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-# The key `trace.get_current_span` reads the current span under: read here
-# directly, it costs half as much (tests/test_sdk_fields.py pins it).
-from opentelemetry.trace.propagation import _SPAN_KEY
 
 from .._version import __version__
 from ..describe.values import safe_str
@@ -109,10 +106,10 @@ def _parent_of(context) -> tuple:
     """(context, trace id, parent span id, flags) for a kernel call whose
     parent is the current span of `context`; trace id and parent 0 when it
     has none (the call starts a trace of its own)."""
-    span = context.get(_SPAN_KEY) if context is not None else None
+    span = trace.get_current_span(context) if context is not None else trace.INVALID_SPAN
     # SpanContext is a tuple (trace id, span id, is remote, flags, state, is
     # valid): unpacked at once, its properties cost 45 ns each.
-    trace_id, parent_id, remote, trace_flags, _, valid = (span or trace.INVALID_SPAN).get_span_context()
+    trace_id, parent_id, remote, trace_flags, _, valid = span.get_span_context()
     if not valid:
         return context, 0, 0, 1
     # Sampled, and so is the parent (FLAG_PARENT_SAMPLED); FLAG_REMOTE_PARENT.
