@@ -92,9 +92,9 @@ def make_exporter(endpoint: str | None, protocol: str | None, timeout_s: float) 
 
         url = target if parsed.path not in ("", "/") else target.rstrip("/") + "/v1/traces"
         return HttpExporter(endpoint=url, timeout=timeout_s), url
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    from .otlp_encode import DirectGrpcExporter
 
-    return GrpcExporter(endpoint=target, insecure=parsed.scheme == "http", timeout=timeout_s), target
+    return DirectGrpcExporter(endpoint=target, insecure=parsed.scheme == "http", timeout=timeout_s), target
 
 
 def replay(

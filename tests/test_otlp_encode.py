@@ -1,0 +1,69 @@
+"""The sidecar's own OTLP encoding gives the message the SDK's encoder gives,
+field for field, for every kind of span and attribute the files hold."""
+
+import math
+
+from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from sglang_otel_kernels.recover.otlp_encode import DirectGrpcExporter, encode_request
+
+TRACE = 0x0AF7651916CD43DD8448EB211C80319C
+
+
+def spans():
+    resource = Resource({"service.name": "sérvice", "process.pid": 4242, "ranks": (0, 1)})
+    other = Resource({"service.name": "other"}, "https://schema.example/1")
+    kernels = InstrumentationScope("sglang_otel_kernels", "0.1.0")
+    app = InstrumentationScope("app", None, "https://schema.example/scope")
+    attributes = {
+        "sglang.kernel.name": "sglang.custom_op.rmsnorm", "sglang.kernel.level": 5, "sglang.kernel.seq": 2**62,
+        "negative": -3, "flag": True, "off": False, "ratio": 0.25, "huge": 1e308, "not a number": math.nan,
+        "sglang.kernel.input.arg0.shape": (4, 4096), "empty": (), "names": ("a", "ü"), "bools": (True, False),
+        "floats": (1.5, -0.0), "nested": {"inner": 1, "deeper": {"x": "y"}}, "texts ✓": "ünïcode ✓",
+    }
+    remote = SpanContext(TRACE, 0x1111, is_remote=True, trace_flags=TraceFlags(1))
+    local = SpanContext(TRACE, 0x2222, is_remote=False, trace_flags=TraceFlags(0))
+    made = []
+    for index, (parent, kind, status, scope, owner) in enumerate([
+        (None, SpanKind.INTERNAL, Status(StatusCode.UNSET), kernels, resource),
+        (remote, SpanKind.SERVER, Status(StatusCode.ERROR, "IndexError: index out of range"), app, resource),
+        (local, SpanKind.CLIENT, Status(StatusCode.OK), kernels, resource),
+        (local, SpanKind.PRODUCER, Status(StatusCode.ERROR), None, other),
+        (remote, SpanKind.CONSUMER, Status(StatusCode.UNSET), kernels, other),
+    ]):
+        made.append(ReadableSpan(
+            name=f"span {index} ✓",
+            context=SpanContext(TRACE, 0xABCDEF00 + index, is_remote=False, trace_flags=TraceFlags(1)),
+            parent=parent, resource=owner, attributes=attributes if index % 2 == 0 else {"k": index},
+            events=[Event("exception", {"exception.type": "IndexError", "exception.escaped": "True"}, 1_000 + index),
+                    Event("nonfinite_output", {"sglang.kernel.nonfinite_inputs": ("output",)}, 2_000)][: index % 3],
+            links=[Link(remote, {"sglang.link": "request"}), Link(local)][: index % 3],
+            kind=kind, status=status, start_time=1_700_000_000_000_000_000 + index,
+            end_time=1_700_000_000_000_100_000 + index, instrumentation_scope=scope))
+    return made
+
+
+def test_the_request_is_the_one_the_sdk_encodes():
+    batch = spans()
+    ours = ExportTraceServiceRequest.FromString(encode_request(batch))
+    assert ours == encode_spans(batch)
+    assert len(ours.resource_spans) == 2 and [len(r.scope_spans) for r in ours.resource_spans] == [2, 2]
+    # The cached encodings of repeated attributes give the same bytes the second time.
+    assert encode_request(batch) == encode_request(spans())
+
+
+def test_what_the_encoder_does_not_expect_goes_through_the_sdks_encoder():
+    span = spans()[0]
+    odd = ReadableSpan(name="bytes", context=span.context, resource=span.resource, attributes={"raw": b"\x00\x01"},
+                       start_time=1, end_time=2, instrumentation_scope=span.instrumentation_scope)
+    exporter = DirectGrpcExporter(endpoint="http://127.0.0.1:9", insecure=True, timeout=1)
+    try:
+        assert exporter._translate_data([odd]) == encode_spans([odd])
+        assert exporter._translate_data(spans()) == encode_spans(spans())
+    finally:
+        exporter.shutdown()
