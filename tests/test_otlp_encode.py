@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from sglang_otel_kernels.recover.otlp_encode import DirectGrpcExporter, encode_request
+from sglang_otel_kernels.record.otlp_encode import DirectGrpcExporter, encode_request
 
 TRACE = 0x0AF7651916CD43DD8448EB211C80319C
 
@@ -67,3 +67,25 @@ def test_what_the_encoder_does_not_expect_goes_through_the_sdks_encoder():
         assert exporter._translate_data(spans()) == encode_spans(spans())
     finally:
         exporter.shutdown()
+
+
+def test_spans_an_sdk_provider_made_encode_as_the_sdk_encodes_them():
+    # In-process export hands the exporter the provider's own spans (BoundedAttributes, event and link lists).
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource({"service.name": "app"}))
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    tracer = provider.get_tracer("app", "1.0")
+    with tracer.start_as_current_span("POST /generate", kind=SpanKind.SERVER, attributes={"http.status": 500}) as root:
+        link = Link(root.get_span_context(), {"request": "req-1"})
+        with tracer.start_as_current_span("decode_batch", links=[link]) as batch:
+            batch.set_attribute("batch.size", 4)
+            batch.set_attribute("batch.requests", ("req-1", "req-2"))
+            batch.add_event("scheduled", {"queue": 3})
+            batch.record_exception(IndexError("index out of range"))
+            batch.set_status(Status(StatusCode.ERROR, "IndexError"))
+    finished = exported.get_finished_spans()
+    assert ExportTraceServiceRequest.FromString(encode_request(finished)) == encode_spans(finished)

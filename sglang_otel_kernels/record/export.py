@@ -79,13 +79,16 @@ def quiet_exporter_logs() -> None:
 
 
 def otlp_exporter(environ: Mapping[str, str] = os.environ) -> SpanExporter:
-    """The official exporter; it reads the endpoint, headers, TLS, compression
-    and timeout from the same standard variables itself."""
+    """The official exporter (over gRPC, with our encoding of the request);
+    it reads the endpoint, headers, TLS, compression and timeout from the
+    same standard variables itself."""
     if otlp_protocol(environ) == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    return OTLPSpanExporter()
+
+        return OTLPSpanExporter()
+    from .otlp_encode import DirectGrpcExporter
+
+    return DirectGrpcExporter()
 
 
 class ExportSampler:

@@ -92,7 +92,7 @@ def make_exporter(endpoint: str | None, protocol: str | None, timeout_s: float) 
 
         url = target if parsed.path not in ("", "/") else target.rstrip("/") + "/v1/traces"
         return HttpExporter(endpoint=url, timeout=timeout_s), url
-    from .otlp_encode import DirectGrpcExporter
+    from ..record.otlp_encode import DirectGrpcExporter
 
     return DirectGrpcExporter(endpoint=target, insecure=parsed.scheme == "http", timeout=timeout_s), target
 

@@ -1,8 +1,9 @@
 """Spans as an OTLP `ExportTraceServiceRequest`, written as protobuf bytes
-here for the sidecar and `replay`.
+here for OTLP/gRPC export: by the sidecar, `replay`, and in-process.
 
 The SDK's encoder builds a message object for every attribute of every span,
-which made it 60% of the sidecar's time; writing the wire format directly,
+which made it 60% of the sidecar's time (and, in-process, interpreter time
+taken from the kernels); writing the wire format directly,
 with the encoded form of an attribute that repeats (a kernel's dtypes,
 devices, levels, names) kept, is about four times faster. The bytes are
 parsed back into the official message (in C) so that the official gRPC
@@ -151,7 +152,8 @@ def _scope(scope) -> bytes:
 def encode_request(spans: Sequence) -> bytes:
     """`ExportTraceServiceRequest` bytes for ReadableSpans: grouped by
     resource, then scope, in the order first seen (by identity: the sidecar
-    and replay make one object per file and per scope name)."""
+    and replay make one object per file and per scope name, a provider one
+    resource and a tracer one scope)."""
     groups: dict = {}
     for span in spans:
         resource, scope = span.resource, span.instrumentation_scope
