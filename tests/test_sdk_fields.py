@@ -68,3 +68,16 @@ def test_a_file_resource_hashes_and_compares_as_the_sdks_resource():
     assert hash(FileResource(attributes)) == hash(Resource(attributes))
     assert FileResource(attributes) == Resource(attributes) and FileResource(attributes) != Resource({"a": 1})
     assert FileResource(attributes).attributes == attributes
+
+
+def test_the_grpc_exporter_still_encodes_through_the_hook_our_encoder_overrides():
+    import inspect
+
+    from opentelemetry.exporter.otlp.proto.grpc.exporter import OTLPExporterMixin
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    from sglang_otel_kernels.record.otlp_encode import DirectGrpcExporter
+
+    assert "_translate_data" in vars(OTLPSpanExporter)
+    assert DirectGrpcExporter._translate_data is not OTLPSpanExporter._translate_data
+    assert "self._translate_data(" in inspect.getsource(OTLPExporterMixin._export)
