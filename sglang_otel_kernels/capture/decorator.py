@@ -29,7 +29,7 @@ from ..record import attributes as _attrs
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.processor import set_writer
 from ..record.setup import make_writer
-from ..record.spans import KernelSpans, call_context, current_call
+from ..record.spans import KernelSpans, call_context, parent_context
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
@@ -180,7 +180,6 @@ class KernelSite:
         spans = runtime.spans
         span = attrs = None
         nonfinite: list = []
-        dump_parent = self._parent_ids() if self.with_dumps else None
         if spans is not None:
             if entries and runtime.span_arguments:
                 attrs = {}
@@ -206,7 +205,7 @@ class KernelSite:
                 )
         dump = skipped = None
         if self.with_dumps and runtime.dumps.wants(self.name):
-            dump, skipped = self._dump_inputs(runtime, positional, kwargs, dump_parent)
+            dump, skipped = self._dump_inputs(runtime, positional, kwargs, span)
             if runtime.text.enabled:
                 lines.append(f"Dumped inputs to: {dump}" if dump else
                              "Tensor dump skipped: CUDA graph capture in progress" if skipped == SKIPPED_CAPTURE else
@@ -231,16 +230,14 @@ class KernelSite:
                 attrs.update(added)
         return (span, attrs, nonfinite, dump)
 
-    def _parent_ids(self) -> dict:
-        """The ids a dump's metadata carries for the span around the call."""
-        outer = current_call()
-        parent = call_context(outer) if outer is not None else trace.get_current_span().get_span_context()
-        return _trace_ids(parent, "parent_span_id")
-
     def _dump_inputs(self, runtime: _Runtime, positional: tuple, kwargs: dict,
-                     context: dict) -> tuple[str | None, str | None]:
+                     span: tuple | None) -> tuple[str | None, str | None]:
         if is_graph_capturing("cuda"):
             return None, SKIPPED_CAPTURE
+        # The span around the call: its recorded parent, else (no kernel spans) the current one.
+        parent = (parent_context(span) or trace.INVALID_SPAN_CONTEXT) if span is not None else \
+            trace.get_current_span().get_span_context()
+        context = _trace_ids(parent, "parent_span_id")
         return runtime.dumps.save_inputs(self.name, self.function, self.on_object, positional, kwargs, context)
 
     @staticmethod

@@ -65,7 +65,7 @@ def _counts(source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _flagged(tensor: torch.Tensor, low: float, high: float) -> bool:
     """Whether min or max shows a NaN or an Inf (only a float or complex tensor can)."""
-    return not (math.isfinite(low) and math.isfinite(high)) and (tensor.is_floating_point() or tensor.is_complex())
+    return not (_isfinite(low) and _isfinite(high)) and (tensor.is_floating_point() or tensor.is_complex())
 
 
 def on_host(tensor: torch.Tensor) -> bool:
@@ -102,8 +102,8 @@ def fill_statistics(infos: list[TensorInfo]) -> "BaseException | None":
             if on_host(tensor):
                 low, high, mean = low.item(), high.item(), total.item() / source.numel()
                 # Finite bounds: no NaN and no Inf, nothing to count (the usual case).
-                info.stats = ((low, high, mean, 0, 0) if _isfinite(low) and _isfinite(high)
-                              else _host_stats(tensor, source, low, high, mean))
+                info.stats = (low, high, mean, *((0, 0) if _isfinite(low) and _isfinite(high)
+                                                 else _host_counts(tensor, source)))
             else:
                 deferred.append((info, tensor, source, torch.stack([low, high, total])))
         except Exception as exc:
@@ -111,12 +111,12 @@ def fill_statistics(infos: list[TensorInfo]) -> "BaseException | None":
     return _transfer(deferred) if deferred else None
 
 
-def _host_stats(tensor: torch.Tensor, source: torch.Tensor, low: float, high: float, mean: float) -> tuple:
-    nan_count = inf_count = 0
-    if _flagged(tensor, low, high):
-        nans, infs = _counts(source)
-        nan_count, inf_count = int(nans.item()), int(infs.item())
-    return (low, high, mean, nan_count, inf_count)
+def _host_counts(tensor: torch.Tensor, source: torch.Tensor) -> tuple[int, int]:
+    """NaN and Inf counts of a host tensor whose min or max is not finite."""
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return 0, 0
+    nans, infs = _counts(source)
+    return int(nans.item()), int(infs.item())
 
 
 def _host_values(entries: list, what: int, faults: list) -> "list[float] | None":

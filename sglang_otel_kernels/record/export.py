@@ -121,11 +121,8 @@ class ExportSampler:
         else:
             warn(f"OTEL_TRACES_SAMPLER={name!r} is not supported here; exporting every span")
             self.parent_based, self.root = False, ALWAYS_ON
-        self.keeps_all = self.root is ALWAYS_ON and not self.parent_based
 
     def keep(self, span) -> bool:
-        if self.keeps_all:
-            return True
         parent = span.parent
         if self.parent_based and parent is not None and parent.is_remote:
             return parent.trace_flags.sampled

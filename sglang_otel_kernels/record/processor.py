@@ -54,6 +54,13 @@ def _items(value) -> tuple:
     return tuple(inner) if inner else ()
 
 
+def _plain(attributes) -> dict:
+    """Attributes as a plain dict, for marshal. The SDK keeps them in a dict
+    inside BoundedAttributes: that one is read directly, which saves a copy
+    through the read-only mapping."""
+    return attributes._dict if type(attributes) is BoundedAttributes else dict(attributes or {})
+
+
 _LOW64 = (1 << 64) - 1
 # A span's attributes at its start, kept (a copy) to end it with a compact
 # record when nothing changed: copying and comparing costs less than encoding
@@ -69,9 +76,9 @@ class TraceFileProcessor(SpanProcessor):
     name, start time, thread, scope, attributes, links); the end record adds
     what the end brings (end time, status, events, the final attributes).
     This runs twice per application span (requests, batches, threads), so
-    it reads the SDK span's fields directly (every SDK span is a ReadableSpan, which sets them; enum values
-    through `_value_`, as Enum hashes in Python), encodes the fixed ones with
-    one struct and names as numbers.
+    it reads the SDK span's fields directly (every SDK span is a ReadableSpan,
+    which sets them; enum values through `_value_`, as Enum hashes in
+    Python), encodes the fixed ones with one struct and names as numbers.
     """
 
     def __init__(self) -> None:
@@ -99,8 +106,7 @@ class TraceFileProcessor(SpanProcessor):
             thread = _ident()
             if _noted.writer is not writer:
                 writer.note_thread(thread)
-            attributes = span._attributes
-            attributes = attributes._dict if type(attributes) is BoundedAttributes else dict(attributes or {})
+            attributes = _plain(span._attributes)
             unchanged = self._unchanged
             if len(attributes) <= _REMEMBERED and len(unchanged) < _MAX_OPEN:
                 unchanged[span_id] = attributes.copy()
@@ -140,8 +146,7 @@ class TraceFileProcessor(SpanProcessor):
             trace_id, span_id, _, _, _, _ = span._context
             status = span._status
             events = _items(span._events)  # not `not span._events`: BoundedList's len is Python code
-            attributes = span._attributes
-            attributes = attributes._dict if type(attributes) is BoundedAttributes else dict(attributes or {})
+            attributes = _plain(span._attributes)
             code = status._status_code._value_
             if self._unchanged.pop(span_id, None) == attributes and not events and not status._description:
                 writer.write_record(_encoding, _compact(span_id, span._end_time, code))

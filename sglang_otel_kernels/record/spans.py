@@ -91,15 +91,19 @@ class _ThreadState(threading.local):
 _thread = _ThreadState()
 
 
-def current_call() -> "tuple | None":
-    """The kernel call running on this thread, if any."""
-    return _thread.call
-
-
 def call_context(call: tuple) -> SpanContext:
     """The SpanContext of a call in progress."""
     return SpanContext(call[TRACE_ID], call[SPAN_ID], False,
                        _SAMPLED if call[FLAGS] & tracefile.FLAG_SAMPLED else _NOT_SAMPLED)
+
+
+def parent_context(call: tuple) -> "SpanContext | None":
+    """The SpanContext of the span a call runs inside, or None."""
+    if not call[PARENT_ID]:
+        return None
+    flags = call[FLAGS]
+    return SpanContext(call[TRACE_ID], call[PARENT_ID], bool(flags & tracefile.FLAG_REMOTE_PARENT),
+                       _SAMPLED if flags & tracefile.FLAG_PARENT_SAMPLED else _NOT_SAMPLED)
 
 
 def _parent_of(context) -> tuple:
@@ -263,13 +267,8 @@ class KernelSpans:
         if self.limit is not None and len(attributes) > self.limit:
             attributes, dropped = fit(attributes, self.limit - 1)
             attributes[ATTRIBUTES_DROPPED] = dropped
-        flags = call[FLAGS]
-        parent = None
-        if call[PARENT_ID]:
-            parent = SpanContext(call[TRACE_ID], call[PARENT_ID], bool(flags & tracefile.FLAG_REMOTE_PARENT),
-                                 _SAMPLED if flags & tracefile.FLAG_PARENT_SAMPLED else _NOT_SAMPLED)
         self._targets.on_end(_processor.KernelSpan(
-            call[NAME_], context=call_context(call), parent=parent, resource=getattr(self.provider, "resource", None),
+            call[NAME_], context=call_context(call), parent=parent_context(call), resource=getattr(self.provider, "resource", None),
             attributes=attributes, events=tuple(Event(name, attrs, time) for name, time, attrs in events),
             kind=SpanKind.INTERNAL,
             status=Status(StatusCode.ERROR, description) if status == _STATUS_ERROR else Status(StatusCode.UNSET),
