@@ -1,7 +1,7 @@
 """SGLang's own logger against ours, side by side, on the same inputs and the
 same text-log destination, in one run.
 
-    python bench/compare_sglang.py [--calls 2000] [--repeats 5]
+    python bench/compare_sglang.py [--calls 2000] [--repeats 5] [--warmup 1.0]
 
 SGLang's logger is `sglang/kernels/kernel_api_logging.py` from the published
 wheel, downloaded now (`pip download --no-deps sglang`) into a temporary
@@ -28,7 +28,12 @@ on small tensors as a decode step has (4x4096 and 4096 float32) at levels
 1, 3 and 5, plus a bare call and a bare OpenTelemetry span; and at level 5 on
 a large tensor (64x65536, the kernel returning nothing), where the cost of
 the statistics (level 5 minus level 3) is compared with one `torch.aminmax`
-pass over it. Per-call microseconds are medians over the repeats.
+pass over it. Per-call microseconds are medians over the repeats, timed
+after a warm-up (calls for one second by default), so that they show the
+steady state, with the sidecar started and exporting on the other core,
+rather than the sidecar's start-up (which overlapped the whole timed loop
+of a fast configuration): `bench/export_cost.py` measures that from the
+first call.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from sglang_wheel import fetch_sglang_logger
 CHILD = r"""
 import importlib.util, os, statistics, sys, time
 mode, level, size, calls, repeats, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+warmup = float(sys.argv[7])
 import torch
 torch.set_num_threads(1)
 if size == "small":
@@ -83,15 +89,18 @@ elif mode == "span":
 elif mode == "aminmax":
     def fn(*a, **kw):
         return torch.aminmax(a[0])
-for _ in range(min(calls, 200)):
+warm_until = time.perf_counter() + warmup
+while time.perf_counter() < warm_until:
     fn(*args, eps=1e-5)
+text_log = os.path.join(workdir, "text.log")
+os.truncate(text_log, 0) if os.path.exists(text_log) else None
 samples = []
 for _ in range(repeats):
     start = time.perf_counter()
     for _ in range(calls):
         fn(*args, eps=1e-5)
     samples.append((time.perf_counter() - start) / calls * 1e6)
-    os.truncate(os.path.join(workdir, "text.log"), 0) if os.path.exists(os.path.join(workdir, "text.log")) else None
+    os.truncate(text_log, 0) if os.path.exists(text_log) else None
 print(statistics.median(samples))
 os._exit(0)  # skip the exporter's flush at exit: not part of a call's cost
 """
@@ -119,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed repeat (small tensors)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of calls before the timed repeats")
     options = parser.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="sok-compare-")
     try:
@@ -131,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     def measure(mode: str, level: int, size: str = "small") -> float:
         calls = options.calls if size == "small" else max(options.calls // 100, 10)
         proc = subprocess.run(
-            [sys.executable, "-c", CHILD, mode, str(level), size, str(calls), str(options.repeats), workdir],
+            [sys.executable, "-c", CHILD, mode, str(level), size, str(calls), str(options.repeats), workdir,
+             str(options.warmup)],
             env=environment(mode, level, workdir, logger, endpoint), capture_output=True, text=True, timeout=900,
         )
         if proc.returncode != 0:
@@ -157,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     targets = {("text-only", 1): 0.25, ("text-only", 3): 0.25, ("text-only", 5): 0.25,
                ("full", 1): 0.25, ("full", 3): 0.15, ("full", 5): 0.1, ("no-text", 1): 0.1}
     print(f"SGLang logger from {wheel}; python {sys.version.split()[0]}; small tensors 4x4096 + 4096 float32, "
-          f"{options.calls} calls x {options.repeats} repeats, medians; bare call {bare:.2f} us, "
+          f"{options.calls} calls x {options.repeats} repeats after {options.warmup:g} s of warm-up, medians; bare call {bare:.2f} us, "
           f"bare OTel span {span:.2f} us")
     print(f"{'level':>5s} {'configuration':12s} {'us/call':>9s} {'vs SGLang':>10s} {'target':>7s} {'met':>4s}")
     for level, measured in rows.items():

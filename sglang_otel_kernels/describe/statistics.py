@@ -28,7 +28,10 @@ GRAPH_CAPTURE = "skipped: graph capture in progress"
 META = "skipped: meta tensor"
 
 
-def _skip_reason(tensor: torch.Tensor, capturing: dict) -> str | None:
+def _skip_reason(info: TensorInfo, tensor: torch.Tensor, capturing: dict) -> str | None:
+    if info.device == "cpu" and info.stride is not None:
+        # A strided host tensor, as described: its shape tells, no tensor read.
+        return EMPTY if 0 in info.shape else None
     if tensor.numel() == 0:
         return EMPTY
     if tensor.is_cpu:  # a property read, where `device.type` builds a device object
@@ -90,13 +93,13 @@ def fill_statistics(infos: list[TensorInfo]) -> "BaseException | None":
     for info in infos:
         try:
             tensor = info.tensor
-            if tensor.requires_grad:  # else the reductions would join its autograd graph
+            if info.requires_grad:  # else the reductions would join its autograd graph
                 tensor = tensor.detach()
-            reason = _skip_reason(tensor, capturing)
+            reason = _skip_reason(info, tensor, capturing)
             if reason is not None:
                 info.stats_note = reason
                 continue
-            source = _float_view(tensor)
+            source = tensor if info.dtype == "torch.float32" else _float_view(tensor)
             low, high = torch.aminmax(source)
             total = source.sum()
             if on_host(tensor):

@@ -8,13 +8,12 @@ ends the span, so the call that was running when the process died is on disk.
 
 from __future__ import annotations
 
-from threading import get_ident
-
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from ..notices import warn_once
 from . import tracefile
+from .tracefile import IDENT, NOTED
 
 _current: "tracefile.TraceFileWriter | None" = None
 
@@ -95,7 +94,7 @@ class TraceFileProcessor(SpanProcessor):
         return entry
 
     def on_start(self, span, parent_context=None, _pack=tracefile.SPAN_START.pack, _encode=tracefile.encode,
-                 _encoding=tracefile.ENCODING_SPAN_START, _ident=get_ident, _noted=tracefile.noted) -> None:
+                 _encoding=tracefile.ENCODING_SPAN_START, _per_thread=tracefile.per_thread) -> None:
         writer = _current
         if writer is None or writer.failed:
             return
@@ -103,9 +102,10 @@ class TraceFileProcessor(SpanProcessor):
             # SpanContext is a tuple: unpacked at once, its properties cost 45 ns each.
             trace_id, span_id, _, trace_flags, _, _ = span._context
             parent = span._parent
-            thread = _ident()
-            if _noted.writer is not writer:
-                writer.note_thread(thread)
+            state = _per_thread.state
+            if state[NOTED] is not writer:
+                writer.note_thread(state)
+            thread = state[IDENT]
             attributes = _plain(span._attributes)
             unchanged = self._unchanged
             if len(attributes) <= _REMEMBERED and len(unchanged) < _MAX_OPEN:

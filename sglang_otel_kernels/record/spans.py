@@ -18,7 +18,6 @@ records.
 from __future__ import annotations
 
 import random
-import threading
 import traceback
 from time import time_ns
 
@@ -35,6 +34,7 @@ from ..text import utf8
 from . import processor as _processor
 from . import tracefile
 from .attributes import fit
+from .tracefile import CALL, IDENT, NOTED
 from .setup import resolve_provider, sidecar_takes_kernel_spans, track
 
 _LOW64 = (1 << 64) - 1
@@ -80,15 +80,9 @@ def record_failure(span, exc: BaseException) -> None:
 # A call in progress is a tuple (the cheapest object to make, twice per call):
 # (trace id, span id, flags, start time, the call it runs inside on this
 # thread, the trace-file writer or None, name, parent span id, its attributes
-# when it will be handed to processors, else None).
-TRACE_ID, SPAN_ID, FLAGS, START, OUTER, WRITER, NAME_, PARENT_ID, ATTRIBUTES = range(9)
-
-
-class _ThreadState(threading.local):
-    call = None  # the kernel call running on this thread
-
-
-_thread = _ThreadState()
+# when it will be handed to processors, else None, its thread's
+# `tracefile.per_thread.state`, where the running call is kept).
+TRACE_ID, SPAN_ID, FLAGS, START, OUTER, WRITER, NAME_, PARENT_ID, ATTRIBUTES, THREAD_STATE = range(10)
 
 
 def call_context(call: tuple) -> SpanContext:
@@ -188,14 +182,15 @@ class KernelSpans:
 
     def start(self, name: str, level: int, seq: int, extra: dict | None,
               _pack=tracefile.KERNEL_SPAN.pack, _encode=tracefile.encode, _bits=random.getrandbits,
-              _kind=tracefile.ENCODING_KERNEL_SPAN, _context_now=_context.get_current, _ident=threading.get_ident,
-              _now=time_ns, _local=_thread, _noted=tracefile.noted) -> tuple:
+              _kind=tracefile.ENCODING_KERNEL_SPAN, _context_now=_context.get_current, _now=time_ns,
+              _per_thread=tracefile.per_thread) -> tuple:
         """Writes the start record of a call (its attributes beyond name,
         level and seq in `extra`) and makes it this thread's current call.
         It runs once per kernel call: the defaults bind what it needs as locals."""
         if self.provider is None:
             self.setup()
-        outer = _local.call
+        state = _per_thread.state
+        outer = state[CALL]
         if outer is not None:
             trace_id, parent_id = outer[TRACE_ID], outer[SPAN_ID]
             flags = (outer[FLAGS] & 1) * 9  # sampled, and so is the parent (FLAG_PARENT_SAMPLED)
@@ -212,15 +207,15 @@ class KernelSpans:
         writer = _processor._current
         start = _now()
         if writer is not None and not writer.failed:
-            thread = _ident()
-            if _noted.writer is not writer:
-                writer.note_thread(thread)
+            if state[NOTED] is not writer:
+                writer.note_thread(state)
             symbol = writer.symbols.get(name) or writer.symbol(name)
             if not symbol:  # no room in the name table: written inline
                 flags |= tracefile.FLAG_INLINE_NAME
                 extra = (name, extra or {})
-            writer.write_record(_kind, _pack(trace_id >> 64, trace_id & _LOW64, span_id, parent_id, start, thread,
-                                             symbol, 0, flags, seq, level) + (_encode(extra) if extra else b""))
+            record = _pack(trace_id >> 64, trace_id & _LOW64, span_id, parent_id, start, state[IDENT],
+                           symbol, 0, flags, seq, level)
+            writer.write_record(_kind, record + _encode(extra) if extra else record)
         else:
             writer = None
         attributes = None
@@ -232,7 +227,7 @@ class KernelSpans:
                 attributes = {NAME: name, LEVEL: level, SEQ: seq}
                 if extra:
                     attributes.update(extra[1] if flags & tracefile.FLAG_INLINE_NAME else extra)
-        call = _local.call = (trace_id, span_id, flags, start, outer, writer, name, parent_id, attributes)
+        call = state[CALL] = (trace_id, span_id, flags, start, outer, writer, name, parent_id, attributes, state)
         return call
 
     def add(self, call: tuple, added: dict) -> None:
@@ -246,11 +241,11 @@ class KernelSpans:
             call[ATTRIBUTES].update(added)
 
     def end(self, call: tuple, added: dict | None = None, events: tuple = (),
-            status: int = _STATUS_UNSET, description: str = "", _now=time_ns, _local=_thread,
+            status: int = _STATUS_UNSET, description: str = "", _now=time_ns,
             _compact=tracefile.COMPACT_END.pack, _encoding=tracefile.ENCODING_COMPACT_END) -> None:
         """Writes the end record and hands the ended call to the processors."""
-        _, span_id, flags, _, outer, writer, _, _, attributes = call
-        _local.call = outer
+        _, span_id, flags, _, outer, writer, _, _, attributes, state = call
+        state[CALL] = outer
         end = _now()
         if writer is not None:
             if added or events or description:
