@@ -289,6 +289,22 @@ def test_nonfinite_input_sets_flags_before_the_call_and_no_event(record, tmp_pat
     assert span.attributes[K + "nonfinite"] == ("input.arg0", "output")
 
 
+def test_non_finite_statistics_are_texts_also_when_only_the_mean_overflows(record):
+    """Jaeger cannot show a non-finite number: min, max and mean that are not
+    finite become texts, also a mean whose float32 sum overflowed though no
+    value is NaN or Inf (no flag raised then)."""
+    exporter = record(level=5)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda x, y: None)
+    kernel(torch.tensor([float("nan"), float("-inf"), 1.0]), torch.tensor([3e38, 3e38], dtype=torch.float32))
+    a = only_span(exporter).attributes
+    assert a[K + "input.arg0.max"] == "nan" and a[K + "input.arg0.mean"] == "nan"
+    assert (a[K + "input.arg0.nan_count"], a[K + "input.arg0.inf_count"]) == (1, 1)
+    assert (a[K + "input.arg1.min"], a[K + "input.arg1.max"]) == (pytest.approx(3e38), pytest.approx(3e38))
+    assert a[K + "input.arg1.mean"] == "inf"
+    assert (a[K + "input.arg1.nan_count"], a[K + "input.arg1.inf_count"]) == (0, 0)
+    assert a[K + "nonfinite"] == ("input.arg0",)
+
+
 def test_clean_call_at_level5_has_false_flags(record):
     exporter = record(level=5)
     sok.debug_kernel_api(op_name="k")(lambda x: x)(torch.ones(3))

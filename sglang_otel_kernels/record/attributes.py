@@ -32,6 +32,7 @@ _TENSOR_FIELDS = (
     ".stats",
 )
 _INT64 = (-(2**63), 2**63 - 1)
+_isfinite = math.isfinite
 _key_cache: dict[str, tuple[str, ...]] = {}
 _KEY_CACHE_LIMIT = 4096
 
@@ -58,7 +59,7 @@ def number(value: float):
     """A float attribute, or for NaN and infinities the text `nan`, `inf`,
     `-inf`: Jaeger's query API cannot write a non-finite number as JSON and
     answers 500 for the whole trace, the very trace that holds the NaN."""
-    if math.isfinite(value):
+    if _isfinite(value):
         return value
     return "nan" if value != value else "inf" if value > 0 else "-inf"
 
@@ -95,9 +96,13 @@ def add_value(attrs: dict, path: str, node, with_stats: bool, nonfinite: list, m
         if with_stats:
             if node.stats is not None:
                 low, high, mean, nans, infs = node.stats
-                attrs[keys[6]] = number(low)
-                attrs[keys[7]] = number(high)
-                attrs[keys[8]] = number(mean)
+                # One test for the usual case: a finite sum means all three are
+                # finite (NaN and Inf propagate; a sum that overflows tests all).
+                if not _isfinite(low + high + mean):
+                    low, high, mean = number(low), number(high), number(mean)
+                attrs[keys[6]] = low
+                attrs[keys[7]] = high
+                attrs[keys[8]] = mean
                 attrs[keys[9]] = nans
                 attrs[keys[10]] = infs
                 attrs[keys[11]] = nans > 0
