@@ -1,7 +1,7 @@
 """SGLang's own logger against ours, side by side, on the same inputs and the
 same text-log destination, in one run.
 
-    python bench/compare_sglang.py [--calls 2000] [--repeats 5] [--warmup 1.0]
+    python bench/compare_sglang.py [--sample 0.5] [--seconds 4] [--warmup 1]
 
 SGLang's logger is `sglang/kernels/kernel_api_logging.py` from the published
 wheel, downloaded now (`pip download --no-deps sglang`) into a temporary
@@ -28,12 +28,19 @@ on small tensors as a decode step has (4x4096 and 4096 float32) at levels
 1, 3 and 5, plus a bare call and a bare OpenTelemetry span; and at level 5 on
 a large tensor (64x65536, the kernel returning nothing), where the cost of
 the statistics (level 5 minus level 3) is compared with one `torch.aminmax`
-pass over it. Per-call microseconds are medians over the repeats, timed
-after a warm-up (calls for one second by default), so that they show the
-steady state, with the sidecar started and exporting on the other core,
-rather than the sidecar's start-up (which overlapped the whole timed loop
-of a fast configuration): `bench/export_cost.py` measures that from the
-first call.
+pass over it.
+
+Per-call microseconds are the median of samples of `--sample` seconds of
+calls each, taken for `--seconds` after a warm-up of `--warmup` seconds of
+calls. This machine slows down now and then for a few hundred
+milliseconds: a median of samples spread over seconds is not moved by one
+such spell, where a few repeats of 10 ms each were. Each sample is long
+enough to hold the in-process exporter's batches (one per 512 spans), so
+that their cost is in every sample, not dropped by the median. The warm-up
+shows the steady state, the sidecar started and exporting on the other
+core, rather than its start-up, which `bench/export_cost.py` measures from
+the first call. A sidecar exports what its application left after that
+exits: the next configuration starts once none runs.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 from local_receiver import live_receiver
 from sglang_wheel import fetch_sglang_logger
@@ -50,8 +58,9 @@ from sglang_wheel import fetch_sglang_logger
 
 CHILD = r"""
 import importlib.util, os, statistics, sys, time
-mode, level, size, calls, repeats, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+mode, level, size, sample, seconds, workdir = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
 warmup = float(sys.argv[7])
+chunk = 50 if size == "small" else 1  # calls between looks at the clock
 import torch
 torch.set_num_threads(1)
 if size == "small":
@@ -95,11 +104,16 @@ while time.perf_counter() < warm_until:
 text_log = os.path.join(workdir, "text.log")
 os.truncate(text_log, 0) if os.path.exists(text_log) else None
 samples = []
-for _ in range(repeats):
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn(*args, eps=1e-5)
-    samples.append((time.perf_counter() - start) / calls * 1e6)
+timed_until = time.perf_counter() + seconds
+while time.perf_counter() < timed_until or len(samples) < 5:
+    start = now = time.perf_counter()
+    calls = 0
+    while now - start < sample:
+        for _ in range(chunk):
+            fn(*args, eps=1e-5)
+        calls += chunk
+        now = time.perf_counter()
+    samples.append((now - start) / calls * 1e6)
     os.truncate(text_log, 0) if os.path.exists(text_log) else None
 print(statistics.median(samples))
 os._exit(0)  # skip the exporter's flush at exit: not part of a call's cost
@@ -124,11 +138,22 @@ def environment(mode: str, level: int, workdir: str, logger: str, endpoint: str)
     return env
 
 
+def wait_for_sidecars(workdir: str, timeout: float = 120.0) -> None:
+    """A sidecar goes on exporting what its application left after that exits:
+    the next configuration is timed once none runs, alone on the machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not subprocess.run(["pgrep", "-f", workdir], capture_output=True, text=True).stdout.split():
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"a sidecar of {workdir} still runs after {timeout:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=2000, help="calls per timed repeat (small tensors)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
-    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of calls before the timed repeats")
+    parser.add_argument("--sample", type=float, default=0.5, help="seconds of calls per sample")
+    parser.add_argument("--seconds", type=float, default=4.0, help="seconds of samples per configuration")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of calls before the samples")
     options = parser.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="sok-compare-")
     try:
@@ -139,14 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     server, endpoint = live_receiver()
 
     def measure(mode: str, level: int, size: str = "small") -> float:
-        calls = options.calls if size == "small" else max(options.calls // 100, 10)
         proc = subprocess.run(
-            [sys.executable, "-c", CHILD, mode, str(level), size, str(calls), str(options.repeats), workdir,
+            [sys.executable, "-c", CHILD, mode, str(level), size, str(options.sample), str(options.seconds), workdir,
              str(options.warmup)],
             env=environment(mode, level, workdir, logger, endpoint), capture_output=True, text=True, timeout=900,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"{mode} level {level} {size}: {proc.stderr.strip()[-800:]}")
+        wait_for_sidecars(workdir)
         return float(proc.stdout)
 
     try:
@@ -168,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     targets = {("text-only", 1): 0.25, ("text-only", 3): 0.25, ("text-only", 5): 0.25,
                ("full", 1): 0.25, ("full", 3): 0.15, ("full", 5): 0.1, ("no-text", 1): 0.1}
     print(f"SGLang logger from {wheel}; python {sys.version.split()[0]}; small tensors 4x4096 + 4096 float32, "
-          f"{options.calls} calls x {options.repeats} repeats after {options.warmup:g} s of warm-up, medians; bare call {bare:.2f} us, "
+          f"medians of {options.sample:g} s samples over {options.seconds:g} s after {options.warmup:g} s of warm-up; bare call {bare:.2f} us, "
           f"bare OTel span {span:.2f} us")
     print(f"{'level':>5s} {'configuration':12s} {'us/call':>9s} {'vs SGLang':>10s} {'target':>7s} {'met':>4s}")
     for level, measured in rows.items():
