@@ -1,6 +1,6 @@
 """Per-call cost of the decorator at each level, measured side by side in one run.
 
-    python bench/overhead.py [--calls 2000] [--repeats 7]
+    python bench/overhead.py [--calls 2000] [--repeats 7] [--rounds 5]
 
 Each row times the same kernel call (4x4096 and 4096 float32 CPU tensors, as in
 a decode step) undecorated, inside a bare OpenTelemetry span, and decorated at
@@ -9,8 +9,11 @@ trace file with no other span processor (what runs with sidecar export, or
 no export); the same with an application processor that takes every ended
 kernel span (a no-op one, so the cost is ours: building the finished span
 and handing it over); the text log and the trace file; the black box.
-Figures are medians over the repeats; ratios are against the bare call and the
-bare span of the same run. The floor row is a pure-Python wrapper that writes
+Each row's figure is the median over its repeats, and the table is measured
+`--rounds` times, row after row, each row reported as its median over the
+rounds: this machine slows down now and then for a few hundred
+milliseconds, which moved a single row of a single pass. Ratios are against
+the bare call and the bare span of the same run. The floor row is a pure-Python wrapper that writes
 two CRC'd struct records into a mapped file under a lock, with the
 current-span lookup: what any pure-Python recorder of a call pays here. The target row: level 1, text off, no export, at
 most 1.5 us above the bare call.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -88,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed repeat")
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats; the median is reported")
+    parser.add_argument("--rounds", type=int, default=5, help="passes over the table; each row's median is reported")
     options = parser.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -106,10 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             return kernel(*a, **kw)
 
     run = lambda fn: per_call_us(fn, args, kwargs, options.calls, options.repeats)  # noqa: E731
-    bare = run(kernel)
-    span = run(in_bare_span)
-    floor = run(floor_wrapper(kernel, directory))
-    rows = [("bare call", "-", bare), ("bare OTel span", "-", span), ("floor: 2 records", "-", floor)]
+    floored = floor_wrapper(kernel, directory)
     modes = [
         ("text file only", dict(log_dest=log_path, spans=False, trace_file="off", blackbox=False)),
         ("trace file", dict(log_dest="off", spans=True, trace_file=trace_path, blackbox=False)),
@@ -118,17 +120,32 @@ def main(argv: list[str] | None = None) -> int:
         ("text file + trace file", dict(log_dest=log_path, spans=True, trace_file=trace_path, blackbox=False)),
         ("black box (file only)", dict(log_dest="off", spans=True, trace_file=trace_path, blackbox=True)),
     ]
-    sok.configure(level=0, trace_file="off")
-    rows.append(("level 0 (identity)", "0", run(sok.debug_kernel_api(kernel))))
-    for label, settings in modes:
-        for level in (1, 3, 5):
-            sok.configure(level=level, **{"tracer_provider": provider, **settings})
-            rows.append((label, str(level), run(sok.debug_kernel_api(kernel))))
-            # Keep the log from growing across runs.
-            if os.path.exists(log_path):
-                os.truncate(log_path, 0)
 
-    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {options.calls} calls x {options.repeats} repeats")
+    def one_round() -> list[tuple[str, str, float]]:
+        rows = [("bare call", "-", run(kernel)), ("bare OTel span", "-", run(in_bare_span)),
+                ("floor: 2 records", "-", run(floored))]
+        sok.configure(level=0, trace_file="off")
+        rows.append(("level 0 (identity)", "0", run(sok.debug_kernel_api(kernel))))
+        for label, settings in modes:
+            for level in (1, 3, 5):
+                sok.configure(level=level, **{"tracer_provider": provider, **settings})
+                rows.append((label, str(level), run(sok.debug_kernel_api(kernel))))
+                # Keep the log from growing across runs.
+                if os.path.exists(log_path):
+                    os.truncate(log_path, 0)
+        sok.configure(level=0, trace_file="off")
+        for name in os.listdir(directory):  # the trace files this round's writers left (16 MiB each)
+            if ".sgltrace" in name:
+                os.unlink(os.path.join(directory, name))
+        return rows
+
+    rounds = [one_round() for _ in range(options.rounds)]
+    shutil.rmtree(directory, ignore_errors=True)
+    rows = [(label, level, statistics.median(r[i][2] for r in rounds)) for i, (label, level, _) in enumerate(rounds[0])]
+    bare, span, floor = (rows[i][2] for i in range(3))
+
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {options.calls} calls x {options.repeats} repeats, "
+          f"median of {options.rounds} rounds")
     print(f"{'mode':24s} {'level':>5s} {'us/call':>9s} {'overhead us':>12s} {'x bare call':>12s} {'x bare span':>12s}")
     for label, level, us in rows:
         print(f"{label:24s} {level:>5s} {us:9.2f} {us - bare:12.2f} {us / bare:12.1f} {us / span:12.2f}")
