@@ -158,3 +158,58 @@ def test_normal_exit_with_spans_open_is_in_flight(tmp_path):
     assert proc.returncode == 0, proc.stderr
     spans = sok.read_trace(tmp_path / "t.sgltrace")
     assert [(s.name, s.in_flight) for s in spans] == [("Req open", True), ("k", False)]
+
+
+INTERRUPTED_LOOP = """
+import os, signal, sys, time
+import sglang_otel_kernels as sok
+
+sok.configure(level=1, log_dest="off", trace_file="trace.sgltrace")
+kernel = sok.debug_kernel_api(op_name="k")(lambda x: x)
+kernel(1)  # tracing set up before the interrupts
+
+
+class Interrupt(BaseException):  # as KeyboardInterrupt: no `except Exception` stops it
+    pass
+
+
+armed = False
+
+
+def interrupt(signum, frame):
+    if armed:
+        raise Interrupt
+
+
+signal.signal(signal.SIGALRM, interrupt)
+signal.setitimer(signal.ITIMER_REAL, 1e-4, 1e-4)
+calls = interrupted = 0
+deadline = time.monotonic() + 2
+while time.monotonic() < deadline:
+    try:
+        armed = True
+        kernel(1)
+        armed = False
+        calls += 1
+    except Interrupt:
+        armed = False
+        interrupted += 1
+signal.setitimer(signal.ITIMER_REAL, 0)
+kernel(2)  # recorded at once: nothing was left locked
+print(calls, interrupted)
+"""
+
+
+def test_interrupts_anywhere_in_recording_never_leave_the_trace_file_locked(tmp_path):
+    """An exception a signal handler raises (KeyboardInterrupt) can land
+    between any two steps of recording a call. A lock it left held would
+    make every later record wait for it: for ever, or (here, where the timer
+    interrupts the wait) until the next signal, so that almost no call
+    completes. A timer interrupts a loop of kernel calls 10 000 times a second."""
+    proc = run_python(INTERRUPTED_LOOP, tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    calls, interrupted = map(int, proc.stdout.split())
+    assert interrupted > 1000
+    assert calls > 5 * interrupted, (calls, interrupted)
+    spans = sok.read_trace(tmp_path / "trace.sgltrace")
+    assert spans[-1].name == "k" and spans[-1].end_time is not None

@@ -441,13 +441,14 @@ class TraceFileWriter:
         """Frames and copies one encoded record into the ring (thread-safe).
         It runs twice per kernel call: the defaults bind what it needs as
         locals, and a record that fits before the ring's end, below the
-        published high-water mark, is copied inline (the lock taken by hand:
-        a `with` block costs twice as much here)."""
+        published high-water mark, is copied inline. The lock is taken by a
+        `with` block, not by hand: an exception raised by a signal handler
+        (KeyboardInterrupt) right after a hand-taken `acquire()` returns, before
+        its `try`, would leave the lock held, and every later record, this
+        thread's or another's, would wait for it forever."""
         length = len(payload)
         crc = _crc(payload)
-        lock = self._lock
-        lock.acquire()
-        try:
+        with self._lock:
             offset = self._offset
             end = offset + ((_framed + length) & -ALIGN)
             if end > self._inline_end:
@@ -460,8 +461,6 @@ class TraceFileWriter:
             offset += _RECORD_HEADER_SIZE
             ring[offset : offset + length] = payload
             self._offset = end
-        finally:
-            lock.release()
 
     def _ready(self) -> bool:
         # With the lock held: the file is created on the first record.
