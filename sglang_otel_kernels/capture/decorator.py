@@ -29,7 +29,8 @@ from ..record import attributes as _attrs
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.processor import set_writer
 from ..record.setup import make_writer
-from ..record.spans import KernelSpans, call_context, parent_context
+from ..record.spans import CALL_SEQ, NAME_, OUTER, KernelSpans, call_context, parent_context
+from ..record.tracefile import CALL, per_thread
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
@@ -158,20 +159,19 @@ class KernelSite:
         # A bound method's object, like a skipped self, is not in the dump.
         self.on_object = self.skip_self or inspect.ismethod(func)
 
-    def begin(self, args: tuple, kwargs: dict) -> _Call | None:
+    def begin(self, args: tuple, kwargs: dict, seq: int) -> _Call | None:
         try:
-            return self._begin(args, kwargs)
+            return self._begin(args, kwargs, seq)
         except Exception as exc:
             _warn_once(f"recording the inputs of {self.name}", exc)
             return None
 
-    def _begin(self, args: tuple, kwargs: dict) -> _Call:
+    def _begin(self, args: tuple, kwargs: dict, seq: int) -> _Call:
         """The start record is written before anything that synchronises a
         GPU (level-5 statistics, level-10 copies): a hang in earlier GPU work
         then leaves this call in flight with its shapes; the statistics and
         the dump directory follow in an ATTRIBUTES record, before the kernel."""
         runtime = _runtime
-        seq = next(_call_numbers)
         positional = args[1:] if self.skip_self and args else args
         entries = ()
         if self.with_args and runtime.describes_arguments:
@@ -324,6 +324,25 @@ class KernelSite:
                 _warn_once(f"recording the exception of {self.name}", inner)
 
 
+def _unwind(seq: int, exc: BaseException) -> None:
+    """Ends the calls of this thread numbered `seq` or later that are still
+    its running calls once `exc` leaves the wrapper of call `seq`. Only an
+    exception a signal handler raised (KeyboardInterrupt) between two steps
+    of recording, outside the handlers that end a call, leaves one: without
+    this, every later call of the thread would nest inside it."""
+    state = per_thread.state
+    call = state[CALL]
+    while call is not None and call[CALL_SEQ] >= seq:
+        state[CALL] = call[OUTER]
+        spans = _runtime.spans
+        if spans is not None:
+            try:
+                spans.fail(call, exc, "raised while the call was being recorded")
+            except Exception as inner:
+                _warn_once(f"recording the end of {call[NAME_]}", inner)
+        call = state[CALL]
+
+
 def _wrap(func: F, name: str, level: int) -> F:
     site = KernelSite(func, name, level)
 
@@ -332,33 +351,40 @@ def _wrap(func: F, name: str, level: int) -> F:
         if is_compiling():
             return func(*args, **kwargs)
         runtime = _runtime
-        if level <= runtime.bare_upto:
-            # The span alone (level 1 without a text log, the black box): no
-            # description, so none of the general path's layers.
-            spans = runtime.spans
-            try:
-                span = spans.start(name, level, next(_call_numbers), None)
-            except Exception as exc:
-                _warn_once(f"recording the start of {name}", exc)
-                return func(*args, **kwargs)
+        seq = next(_call_numbers)
+        # The outer handler costs nothing until an exception passes (an
+        # exception table): see _unwind.
+        try:
+            if level <= runtime.bare_upto:
+                # The span alone (level 1 without a text log, the black box): no
+                # description, so none of the general path's layers.
+                spans = runtime.spans
+                try:
+                    span = spans.start(name, level, seq, None)
+                except Exception as exc:
+                    _warn_once(f"recording the start of {name}", exc)
+                    return func(*args, **kwargs)
+                try:
+                    result = func(*args, **kwargs)
+                except BaseException as exc:
+                    site.fail((span, None, None, None), exc)
+                    raise
+                try:
+                    spans.end(span)
+                except Exception as exc:
+                    _warn_once(f"recording the end of {name}", exc)
+                return result
+            call = site.begin(args, kwargs, seq)
             try:
                 result = func(*args, **kwargs)
             except BaseException as exc:
-                site.fail((span, None, None, None), exc)
+                site.fail(call, exc)
                 raise
-            try:
-                spans.end(span)
-            except Exception as exc:
-                _warn_once(f"recording the end of {name}", exc)
+            site.finish(call, result)
             return result
-        call = site.begin(args, kwargs)
-        try:
-            result = func(*args, **kwargs)
         except BaseException as exc:
-            site.fail(call, exc)
+            _unwind(seq, exc)
             raise
-        site.finish(call, result)
-        return result
 
     setattr(wrapper, WRAPPED_MARKER, True)
     return wrapper  # type: ignore[return-value]

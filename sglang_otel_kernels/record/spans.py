@@ -81,8 +81,8 @@ def record_failure(span, exc: BaseException) -> None:
 # (trace id, span id, flags, start time, the call it runs inside on this
 # thread, the trace-file writer or None, name, parent span id, its attributes
 # when it will be handed to processors, else None, its thread's
-# `tracefile.per_thread.state`, where the running call is kept).
-TRACE_ID, SPAN_ID, FLAGS, START, OUTER, WRITER, NAME_, PARENT_ID, ATTRIBUTES, THREAD_STATE = range(10)
+# `tracefile.per_thread.state`, where the running call is kept, its call number).
+TRACE_ID, SPAN_ID, FLAGS, START, OUTER, WRITER, NAME_, PARENT_ID, ATTRIBUTES, THREAD_STATE, CALL_SEQ = range(11)
 
 
 def call_context(call: tuple) -> SpanContext:
@@ -227,7 +227,7 @@ class KernelSpans:
                 attributes = {NAME: name, LEVEL: level, SEQ: seq}
                 if extra:
                     attributes.update(extra[1] if flags & tracefile.FLAG_INLINE_NAME else extra)
-        call = state[CALL] = (trace_id, span_id, flags, start, outer, writer, name, parent_id, attributes, state)
+        call = state[CALL] = (trace_id, span_id, flags, start, outer, writer, name, parent_id, attributes, state, seq)
         return call
 
     def add(self, call: tuple, added: dict) -> None:
@@ -244,7 +244,7 @@ class KernelSpans:
             status: int = _STATUS_UNSET, description: str = "", _now=time_ns,
             _compact=tracefile.COMPACT_END.pack, _encoding=tracefile.ENCODING_COMPACT_END) -> None:
         """Writes the end record and hands the ended call to the processors."""
-        _, span_id, flags, _, outer, writer, _, _, attributes, state = call
+        _, span_id, flags, _, outer, writer, _, _, attributes, state, _ = call
         state[CALL] = outer
         end = _now()
         if writer is not None:

@@ -455,11 +455,13 @@ class TraceFileWriter:
                 if self._ready():
                     self._put(encoding, payload)
                 return
-            self._sequence = sequence = self._sequence + 1
+            # The state changes last, after the copy (see _put).
+            sequence = self._sequence + 1
             ring = self._ring
             _pack_into(ring, offset, _magic, length, sequence, crc, encoding)
-            offset += _RECORD_HEADER_SIZE
-            ring[offset : offset + length] = payload
+            start = offset + _RECORD_HEADER_SIZE
+            ring[start : start + length] = payload
+            self._sequence = sequence
             self._offset = end
 
     def _ready(self) -> bool:
@@ -467,7 +469,11 @@ class TraceFileWriter:
         return self._view is not None or (not self.failed and not self._closed and self._open())
 
     def _put(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
-        # With the lock held.
+        # With the lock held. Everything that calls a function comes before
+        # the ring's state changes, and those are plain assignments and copies,
+        # where CPython raises no exception a signal handler sends: so an
+        # interrupted record (KeyboardInterrupt) leaves the state as it was,
+        # never a lap begun without its names nor a gap in the sequence.
         length = len(payload)
         size = RECORD_HEADER.size + length
         padded = (size + ALIGN - 1) & -ALIGN
@@ -475,25 +481,39 @@ class TraceFileWriter:
             self.dropped += 1
             return
         offset = self._offset
+        sequence = self._sequence + 1
+        table = b""
         if offset + padded > self.capacity:
-            self._offset = 0
-            self.wraps += 1
             # The names the ring still refers to, before anything else in the new lap.
-            self._put(ENCODING_MARSHAL, encode((TABLE, {n: v for v, n in self.symbols.items()}, dict(self.threads))))
-            offset = self._offset if self._offset + padded <= self.capacity else 0
-        if offset + padded > self._written:
+            body = encode((TABLE, {n: v for v, n in self.symbols.items()}, dict(self.threads)))
+            table = _pack(RECORD_MAGIC, len(body), sequence, _crc(body), ENCODING_MARSHAL) + body
+            table_size = len(table)
+            sequence += 1
+            offset = (table_size + ALIGN - 1) & -ALIGN
+            if offset + padded > self.capacity:
+                offset = 0  # no room for both: the record goes first
+        record = _pack(RECORD_MAGIC, length, sequence, _crc(payload), encoding) + payload
+        end = offset + padded
+        if end > self._written:
             # Raised before the record lands, so the header always covers it.
-            self._written = min(self.capacity, (offset + padded + WRITTEN_STEP - 1) // WRITTEN_STEP * WRITTEN_STEP)
-            WRITTEN.pack_into(self._view, WRITTEN_OFFSET, self._written)
+            written = min(self.capacity, (end + WRITTEN_STEP - 1) // WRITTEN_STEP * WRITTEN_STEP)
+            WRITTEN.pack_into(self._view, WRITTEN_OFFSET, written)
+            self._written = written
             if not self.fsync:
-                self._inline_end = self._written
-        sequence = self._sequence = self._sequence + 1
-        self._ring[offset : offset + size] = _pack(RECORD_MAGIC, length, sequence, _crc(payload), encoding) + payload
-        self._offset = offset + padded
+                self._inline_end = written
+        ring = self._ring
+        if table:
+            ring[0:table_size] = table
+            self.wraps += 1
+        ring[offset : offset + size] = record
+        self._sequence = sequence
+        self._offset = end
         if self.fsync:
             start = HEADER_SIZE + offset
             page = start - start % mmap.PAGESIZE
             self._map.flush(page, start + size - page)
+            if table:
+                self._map.flush(HEADER_SIZE, table_size)  # the ring starts on a page
 
 
 def _same_file(path: str, info: os.stat_result) -> bool:
