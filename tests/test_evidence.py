@@ -386,15 +386,21 @@ def test_a_lapped_follower_resynchronises_names_first_and_invents_nothing(tmp_pa
 
 def test_a_sidecar_lapped_by_its_writer_exports_no_invented_span(tmp_path, receiver):
     script = textwrap.dedent("""
-        import torch, sglang_otel_kernels as sok
+        import time, torch, sglang_otel_kernels as sok
         from opentelemetry import trace
         sok.configure()
         k = sok.debug_kernel_api(op_name="sglang.custom_op.step")(lambda x, i: x)
         tracer = trace.get_tracer("app")
-        for r in range(1500):
+        # Long enough for the sidecar to be up and reading while the writer
+        # laps it: a fixed count of calls could all be written before it has
+        # read anything (it starts in about a second), and nothing would be
+        # lost then.
+        r, until = 0, time.monotonic() + 3
+        while time.monotonic() < until:
             with tracer.start_as_current_span(f"request {r % 7}"):
                 for i in range(10):
                     k(torch.ones(2), i)
+            r += 1
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="1",
