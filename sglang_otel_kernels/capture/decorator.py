@@ -29,8 +29,7 @@ from ..record import attributes as _attrs
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.processor import set_writer
 from ..record.setup import make_writer
-from ..record.spans import CALL_SEQ, NAME_, OUTER, KernelSpans, call_context, parent_context
-from ..record.tracefile import CALL, per_thread
+from ..record.spans import KernelSpans, call_context, parent_context, unwind
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
@@ -324,25 +323,6 @@ class KernelSite:
                 _warn_once(f"recording the exception of {self.name}", inner)
 
 
-def _unwind(seq: int, exc: BaseException) -> None:
-    """Ends the calls of this thread numbered `seq` or later that are still
-    its running calls once `exc` leaves the wrapper of call `seq`. Only an
-    exception a signal handler raised (KeyboardInterrupt) between two steps
-    of recording, outside the handlers that end a call, leaves one: without
-    this, every later call of the thread would nest inside it."""
-    state = per_thread.state
-    call = state[CALL]
-    while call is not None and call[CALL_SEQ] >= seq:
-        state[CALL] = call[OUTER]
-        spans = _runtime.spans
-        if spans is not None:
-            try:
-                spans.fail(call, exc, "raised while the call was being recorded")
-            except Exception as inner:
-                _warn_once(f"recording the end of {call[NAME_]}", inner)
-        call = state[CALL]
-
-
 def _wrap(func: F, name: str, level: int) -> F:
     site = KernelSite(func, name, level)
 
@@ -353,7 +333,7 @@ def _wrap(func: F, name: str, level: int) -> F:
         runtime = _runtime
         seq = next(_call_numbers)
         # The outer handler costs nothing until an exception passes (an
-        # exception table): see _unwind.
+        # exception table): see spans.unwind.
         try:
             if level <= runtime.bare_upto:
                 # The span alone (level 1 without a text log, the black box): no
@@ -383,7 +363,7 @@ def _wrap(func: F, name: str, level: int) -> F:
             site.finish(call, result)
             return result
         except BaseException as exc:
-            _unwind(seq, exc)
+            unwind(seq, exc, _runtime.spans)
             raise
 
     setattr(wrapper, WRAPPED_MARKER, True)

@@ -29,6 +29,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from .._version import __version__
 from ..describe.values import safe_str
+from ..notices import warn_once
 from ..schema import ATTRIBUTES_DROPPED, LEVEL, NAME, SEQ, TRACER_NAME
 from ..text import utf8
 from . import processor as _processor
@@ -98,6 +99,25 @@ def parent_context(call: tuple) -> "SpanContext | None":
     flags = call[FLAGS]
     return SpanContext(call[TRACE_ID], call[PARENT_ID], bool(flags & tracefile.FLAG_REMOTE_PARENT),
                        _SAMPLED if flags & tracefile.FLAG_PARENT_SAMPLED else _NOT_SAMPLED)
+
+
+def unwind(seq: int, exc: BaseException, recorder: "KernelSpans | None") -> None:
+    """Ends the calls of this thread numbered `seq` or later that are still
+    its running calls once `exc` leaves the wrapper of call `seq`. Only an
+    exception a signal handler raised (KeyboardInterrupt) between two steps
+    of recording, outside the handlers that end a call, leaves one: without
+    this, every later call of the thread would nest inside it."""
+    state = tracefile.per_thread.state
+    call = state[CALL]
+    while call is not None and call[CALL_SEQ] >= seq:
+        state[CALL] = call[OUTER]  # also when the end below cannot be recorded
+        if recorder is not None:
+            try:
+                recorder.fail(call, exc, "raised while the call was being recorded")
+            except Exception as inner:
+                warn_once(f"recording the end of {call[NAME_]}",
+                          f"recording the end of {call[NAME_]} failed ({type(inner).__name__}: {inner})")
+        call = state[CALL]
 
 
 def _parent_of(context) -> tuple:

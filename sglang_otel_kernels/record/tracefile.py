@@ -468,7 +468,7 @@ class TraceFileWriter:
         # With the lock held: the file is created on the first record.
         return self._view is not None or (not self.failed and not self._closed and self._open())
 
-    def _put(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> None:
+    def _put(self, encoding: int, payload: bytes) -> None:
         # With the lock held. Everything that calls a function comes before
         # the ring's state changes, and those are plain assignments and copies,
         # where CPython raises no exception a signal handler sends: so an
@@ -486,13 +486,13 @@ class TraceFileWriter:
         if offset + padded > self.capacity:
             # The names the ring still refers to, before anything else in the new lap.
             body = encode((TABLE, {n: v for v, n in self.symbols.items()}, dict(self.threads)))
-            table = _pack(RECORD_MAGIC, len(body), sequence, _crc(body), ENCODING_MARSHAL) + body
+            table = _frame(ENCODING_MARSHAL, body, sequence)
             table_size = len(table)
             sequence += 1
             offset = (table_size + ALIGN - 1) & -ALIGN
             if offset + padded > self.capacity:
                 offset = 0  # no room for both: the record goes first
-        record = _pack(RECORD_MAGIC, length, sequence, _crc(payload), encoding) + payload
+        record = _frame(encoding, payload, sequence)
         end = offset + padded
         if end > self._written:
             # Raised before the record lands, so the header always covers it.
@@ -514,6 +514,11 @@ class TraceFileWriter:
             self._map.flush(page, start + size - page)
             if table:
                 self._map.flush(HEADER_SIZE, table_size)  # the ring starts on a page
+
+
+def _frame(encoding: int, payload: bytes, sequence: int, _crc=zlib.crc32, _pack=RECORD_HEADER.pack) -> bytes:
+    """A record as it lands in the ring: its header, then its payload."""
+    return _pack(RECORD_MAGIC, len(payload), sequence, _crc(payload), encoding) + payload
 
 
 def _same_file(path: str, info: os.stat_result) -> bool:
