@@ -39,6 +39,19 @@ def test_the_follower_reads_every_record_once_in_order_across_wraps(tmp_path):
     assert follower.lost == 0
 
 
+def test_a_record_with_no_room_for_the_names_beside_it_is_no_loss(tmp_path):
+    """A lap begins with the names table; a record too big to share the
+    ring with it goes alone, and the follower counts nothing lost."""
+    writer = tracefile.TraceFileWriter(str(tmp_path / "t.sgltrace"), capacity=64 * 1024)
+    writer.append((tracefile.FAILURE, 1, "E", ""))
+    follower = RingFollower(writer.path)
+    assert [r[1] for r in follower.poll()] == [1]
+    writer.append((tracefile.FAILURE, 2, "E", "x" * (writer.capacity - 70)))  # laps, and fills the ring
+    assert writer.wraps == 1
+    assert [r[1] for r in follower.poll() if r[0] == tracefile.FAILURE] == [2]
+    assert follower.lost == 0
+
+
 def test_a_follower_lapped_by_the_writer_counts_what_it_lost_and_goes_on(tmp_path):
     writer = tracefile.TraceFileWriter(str(tmp_path / "t.sgltrace"), capacity=64 * 1024)
     writer.append((tracefile.FAILURE, 0, "E", ""))

@@ -482,16 +482,20 @@ class TraceFileWriter:
             return
         offset = self._offset
         sequence = self._sequence + 1
+        lap = offset + padded > self.capacity
         table = b""
-        if offset + padded > self.capacity:
+        if lap:
             # The names the ring still refers to, before anything else in the new lap.
             body = encode((TABLE, {n: v for v, n in self.symbols.items()}, dict(self.threads)))
             table = _frame(ENCODING_MARSHAL, body, sequence)
             table_size = len(table)
-            sequence += 1
             offset = (table_size + ALIGN - 1) & -ALIGN
             if offset + padded > self.capacity:
-                offset = 0  # no room for both: the record goes first
+                # No room for both: the record alone, where it would overwrite
+                # the table and leave a gap in the sequence.
+                table, offset = b"", 0
+            else:
+                sequence += 1
         record = _frame(encoding, payload, sequence)
         end = offset + padded
         if end > self._written:
@@ -502,9 +506,10 @@ class TraceFileWriter:
             if not self.fsync:
                 self._inline_end = written
         ring = self._ring
+        if lap:
+            self.wraps += 1
         if table:
             ring[0:table_size] = table
-            self.wraps += 1
         ring[offset : offset + size] = record
         self._sequence = sequence
         self._offset = end
