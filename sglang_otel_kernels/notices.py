@@ -16,3 +16,8 @@ def warn_once(key: str, message: str) -> None:
     if key not in _told:
         _told.add(key)
         warn(message)
+
+
+def warn_failed_once(what: str, exc: BaseException, then: str = "") -> None:
+    """Tells once per `what` that it failed, with the exception's type and text."""
+    warn_once(what, f"{what} failed ({type(exc).__name__}: {exc}){then}")

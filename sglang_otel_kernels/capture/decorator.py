@@ -22,7 +22,7 @@ from opentelemetry import trace
 from .. import config as _config
 from .._version import __version__
 from ..describe.statistics import fill_statistics, is_device_error
-from ..notices import warn_once
+from ..notices import warn_failed_once
 from ..describe.values import describe, tensors_in
 from .. import schema
 from ..record import attributes as _attrs
@@ -117,7 +117,7 @@ def kernel_tracer():
 
 
 def _warn_once(what: str, exc: BaseException) -> None:
-    warn_once(what, f"{what} failed ({type(exc).__name__}: {exc}); the kernel call goes on unrecorded in part")
+    warn_failed_once(what, exc, "; the kernel call goes on unrecorded in part")
 
 
 _POSITIONAL_NAMES = [(f"arg[{i}]", f"input.arg{i}") for i in range(64)]

@@ -54,8 +54,8 @@ def _layout_note(tensor: torch.Tensor) -> str:
 
 
 def _float_view(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.dtype is torch.float32:
-        return tensor
+    """The float32 values of a tensor of another dtype (a float32 one is used
+    as it is, tested by the caller on its description)."""
     if tensor.is_complex():
         return tensor.abs().float()
     return tensor.float()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-from ..notices import warn_once
+from ..notices import warn_failed_once
 from . import tracefile
 from .tracefile import IDENT, NOTED
 
@@ -40,10 +40,6 @@ def trace_file_path() -> str | None:
     created, or before the first span."""
     writer = _current
     return writer.path if writer is not None and not writer.failed else None
-
-
-def _warn_once(exc: BaseException) -> None:
-    warn_once("trace-file record", f"trace-file record failed ({type(exc).__name__}: {exc})")
 
 
 def _items(value) -> tuple:
@@ -136,7 +132,7 @@ class TraceFileProcessor(SpanProcessor):
                 trace_id >> 64, trace_id & _LOW64, span_id, parent_id, span._start_time, thread, symbol, scope[2],
                 span._kind._value_, flags) + _encode(data))
         except Exception as exc:
-            _warn_once(exc)
+            warn_failed_once("trace-file record", exc)
 
     def on_end(self, span, _compact=tracefile.COMPACT_END.pack, _encoding=tracefile.ENCODING_COMPACT_END) -> None:
         writer = _current
@@ -155,7 +151,7 @@ class TraceFileProcessor(SpanProcessor):
             writer.append((tracefile.END, trace_id, span_id, span._end_time, code, status._description or "",
                            events, attributes))
         except Exception as exc:
-            _warn_once(exc)
+            warn_failed_once("trace-file record", exc)
 
     def shutdown(self) -> None:
         pass

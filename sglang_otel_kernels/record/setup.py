@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from .. import config as _config
 from .. import files
 from .._version import __version__
-from ..notices import warn, warn_once
+from ..notices import warn, warn_failed_once
 from . import export, processor, tracefile
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -228,7 +228,7 @@ def _prune(template: str, own: str, keep: int) -> None:
 
         prune(template, own, keep)
     except Exception as exc:  # a guest's housekeeping never disturbs the host
-        warn_once("pruning", f"pruning earlier trace files failed ({type(exc).__name__}: {exc})")
+        warn_failed_once("pruning earlier trace files", exc)
 
 
 def _no_sidecar() -> None:

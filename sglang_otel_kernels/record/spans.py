@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from .._version import __version__
 from ..describe.values import safe_str
-from ..notices import warn_once
+from ..notices import warn_failed_once
 from ..schema import ATTRIBUTES_DROPPED, LEVEL, NAME, SEQ, TRACER_NAME
 from ..text import utf8
 from . import processor as _processor
@@ -115,8 +115,7 @@ def unwind(seq: int, exc: BaseException, recorder: "KernelSpans | None") -> None
             try:
                 recorder.fail(call, exc, "raised while the call was being recorded")
             except Exception as inner:
-                warn_once(f"recording the end of {call[NAME_]}",
-                          f"recording the end of {call[NAME_]} failed ({type(inner).__name__}: {inner})")
+                warn_failed_once(f"recording the end of {call[NAME_]}", inner)
         call = state[CALL]
 
 
