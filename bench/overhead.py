@@ -88,12 +88,17 @@ def per_call_us(fn, args, kwargs, calls: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def timing_options(description: str, argv: list[str] | None) -> argparse.Namespace:
+    """--calls, --repeats and --rounds, as every per-call table here takes them."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed repeat")
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats; the median is reported")
     parser.add_argument("--rounds", type=int, default=5, help="passes over the table; each row's median is reported")
-    options = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = timing_options(__doc__, argv)
 
     torch.set_num_threads(1)
     args = (torch.randn(4, 4096), torch.randn(4096))

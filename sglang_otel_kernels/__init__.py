@@ -59,6 +59,25 @@ if os.environ.get(ENV_PATHS) and get_config().level > 0:
     # instrumentor, configure()-then-instrument_from_env()).
     instrument_from_env()
 
+
+def _record_collectives(_torch: Any) -> None:
+    """Once torch is imported: the decorator's runtime, which records
+    torch.distributed's collectives (capture/collectives.py)."""
+    try:
+        import importlib
+
+        importlib.import_module(f"{__name__}.capture.decorator")
+    except Exception as exc:  # inside the application's `import torch`: never raise there
+        from .notices import warn_failed_once
+
+        warn_failed_once("recording torch.distributed's collectives", exc)
+
+
+if get_config().level > 0 and get_config().collectives:
+    from .capture import import_hooks
+
+    import_hooks.when_imported("torch", _record_collectives)
+
 __all__ = [
     "Instrumentation",
     "KernelTraceConfig",

@@ -86,8 +86,10 @@ def _report(options) -> int:
 
     if options.last < 0:
         raise _Failure("--last must be 0 or more")
+    if not 0 <= options.hang_seconds < float("inf"):
+        raise _Failure("--hang-seconds must be 0 or more")
     contents = _read_all(options.files)
-    report = build_report(contents, last=options.last)
+    report = build_report(contents, last=options.last, hang_seconds=options.hang_seconds)
     if options.html:
         from .recover.html import render_html
 
@@ -101,7 +103,8 @@ def _report(options) -> int:
         print(json.dumps(report, indent=2, default=repr))
     else:
         sys.stdout.write(render_text(report))
-    return 1 if report["crashed"] or report["failed"] else 0
+    suspects = any(verdict["suspects"] for verdict in report["cross_rank_jobs"])
+    return 1 if report["crashed"] or report["failed"] or suspects else 0
 
 
 def _replay(options) -> int:
@@ -176,6 +179,8 @@ def _follow(options) -> int:
 
     if options.interval <= 0 or options.timeout <= 0:
         raise _Failure("--interval and --timeout must be more than 0")
+    if not 0 <= options.hang_seconds < float("inf"):
+        raise _Failure("--hang-seconds must be 0 or more")
     try:
         exporter, target = make_exporter(options.endpoint, options.protocol, options.timeout)
     except ValueError as exc:
@@ -185,7 +190,7 @@ def _follow(options) -> int:
         watch = parent_watch(options.pid) if options.pid is not None else None
         sent, in_flight, dropped = follow(options.file, exporter, alive=watch,
                                           interval=options.interval, wait_s=options.wait,
-                                          kernels_only=options.kernels_only)
+                                          kernels_only=options.kernels_only, hang_seconds=options.hang_seconds)
     except TraceFileError as exc:
         raise _Failure(str(exc)) from None
     except KeyboardInterrupt:
@@ -207,6 +212,12 @@ def _demo(options) -> int:
     return run(level=options.level, crash=options.crash)
 
 
+def _default_hang_seconds() -> float:
+    from .config import get_config
+
+    return get_config().hang_seconds
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad options: one line on stderr and exit status 2, like every other error."""
 
@@ -219,10 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sglang-otel-kernels",
         description="SGLang-compatible kernel API logging as OpenTelemetry spans, with a crash-safe trace file.",
         epilog=(
-            "Exit status: 0 success (report: no call was in flight when a process died and none failed; calls "
-            "running in a live process are no crash; rerun: the recorded outcome reproduced); 1 report: the "
-            "file shows calls in flight when the process died, or failed calls; rerun: the outcome differs; "
-            "2 bad usage or an input that cannot be read (one line on stderr)."
+            "Exit status: 0 success (report: no call was in flight when a process died, none failed, and the "
+            "ranks of a job show no suspect; calls running in a live process are no crash; rerun: the recorded "
+            "outcome reproduced); 1 report: the file shows calls in flight when the process died, failed calls, "
+            "or a suspect rank (a hang, a mismatch); rerun: the outcome differs; 2 bad usage or an input that "
+            "cannot be read (one line on stderr)."
         ),
     )
     from ._version import __version__
@@ -242,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("files", nargs="+", metavar="FILE",
                         help="trace files (one per rank merge by time), or directories of them")
     report.add_argument("--last", type=int, default=10, metavar="N", help="completed calls to list (default 10)")
+    report.add_argument("--hang-seconds", type=float, default=_default_hang_seconds(), metavar="S",
+                        help="in a live job, a collective waited on this long is a hang (default: "
+                             "SGLANG_KERNEL_API_HANG_SECONDS, else 60; in a dead job every wait counts)")
     report.add_argument("--json", action="store_true", help="print the report as one JSON document")
     report.add_argument("--html", metavar="OUT",
                         help="write the report as one self-contained HTML page (timeline per thread, "
@@ -292,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "and every span in flight when the process ends")
     follow.add_argument("--wait", type=float, default=60.0,
                         help="seconds to wait for the file to appear (default 60)")
+    follow.add_argument("--hang-seconds", type=float, default=_default_hang_seconds(), metavar="S",
+                        help="export a kernel call running this long, marked hung, while the process lives; "
+                             "0: never (default: SGLANG_KERNEL_API_HANG_SECONDS, else 60)")
     follow.set_defaults(handler=_follow)
     run = commands.add_parser(
         "run", help="run a command with SGLang's kernel logging (and SGLANG_KERNEL_API_INSTRUMENT) recorded by "

@@ -30,6 +30,7 @@ MAX_BYTES = 1 << 50
 DEFAULT_DUMP_DIR = "sglang_kernel_api_dumps"
 DEFAULT_DUMP_MAX_BYTES = 20 * 1024**3
 DEFAULT_DUMP_MAX_COUNT = 1000
+DEFAULT_HANG_SECONDS = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,14 @@ class KernelTraceConfig:
         Applies to the provider this package creates; "kernels" also has the
         sidecar export the kernel spans of an application's own provider
         (not handed to its processors then), its own spans staying with it.
+    collectives: record the collectives and point-to-point ops of
+        torch.distributed (and SGLang's GroupCoordinator) as kernel spans
+        with their group, per-group sequence number and tensor shapes, so a
+        report can line the ranks up.
+    hang_seconds: a kernel call in flight longer than this is exported by
+        the sidecar while the process still runs, marked hung, and the
+        report calls a collective waited on longer than this a hang; 0 turns
+        the early export off.
     """
 
     level: int = 0
@@ -84,6 +93,8 @@ class KernelTraceConfig:
     dump_max_bytes: int = DEFAULT_DUMP_MAX_BYTES
     dump_max_count: int = DEFAULT_DUMP_MAX_COUNT
     export_sidecar: "bool | str" = True
+    collectives: bool = True
+    hang_seconds: float = DEFAULT_HANG_SECONDS
 
 
 def parse_level(raw: str) -> int:
@@ -149,6 +160,13 @@ def parse_sidecar(text: str) -> "bool | str":
     return KERNELS if text.strip().lower() == KERNELS else parse_flag(text)
 
 
+def parse_seconds(text: str) -> float:
+    seconds = float(text.strip())
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError("must be a finite number of seconds, 0 or more")
+    return seconds
+
+
 def parse_flag(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -204,6 +222,8 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         dump_max_bytes=_from_env(environ, "SGLANG_KERNEL_API_DUMP_MAX_BYTES", parse_bytes, DEFAULT_DUMP_MAX_BYTES),
         dump_max_count=_from_env(environ, "SGLANG_KERNEL_API_DUMP_MAX_COUNT", parse_count, DEFAULT_DUMP_MAX_COUNT),
         export_sidecar=_from_env(environ, "SGLANG_KERNEL_API_EXPORT_SIDECAR", parse_sidecar, True),
+        collectives=_from_env(environ, "SGLANG_KERNEL_API_COLLECTIVES", parse_flag, True),
+        hang_seconds=_from_env(environ, "SGLANG_KERNEL_API_HANG_SECONDS", parse_seconds, DEFAULT_HANG_SECONDS),
     )
 
 
@@ -247,6 +267,8 @@ def configure(
     dump_max_bytes: int | None = None,
     dump_max_count: int | None = None,
     export_sidecar: "bool | str | None" = None,
+    collectives: bool | None = None,
+    hang_seconds: float | None = None,
 ) -> KernelTraceConfig:
     """Change the settings in code; arguments left out keep their value
     (`tracer_provider=None` goes back to the global provider).
@@ -307,6 +329,15 @@ def configure(
         if isinstance(export_sidecar, str) and export_sidecar != KERNELS:
             raise ValueError(f"export_sidecar must be True, False or {KERNELS!r}; got {export_sidecar!r}")
         changes["export_sidecar"] = export_sidecar if export_sidecar == KERNELS else bool(export_sidecar)
+    if collectives is not None:
+        changes["collectives"] = bool(collectives)
+    if hang_seconds is not None:
+        if isinstance(hang_seconds, bool) or not isinstance(hang_seconds, (int, float)):
+            raise ValueError(f"hang_seconds must be a number of seconds; got {hang_seconds!r}")
+        try:
+            changes["hang_seconds"] = parse_seconds(str(hang_seconds))
+        except ValueError as exc:
+            raise ValueError(f"hang_seconds {exc}; got {hang_seconds!r}") from None
     _config = dataclasses.replace(_config, **changes)
     # The decorator's runtime follows the settings (and sets tracing up at
     # once); it is loaded on first use because it needs torch, which reading

@@ -15,7 +15,27 @@ ATTRIBUTES_DROPPED = PREFIX + "attributes_dropped"
 DUMP_DIR = PREFIX + "dump_dir"  # level 10: the directory holding the call's inputs
 DUMP_SKIPPED = PREFIX + "dump_skipped"  # level 10: why the call has no dump (limit, graph capture, error)
 IN_FLIGHT = PREFIX + "in_flight"  # set by the reader on a span with no end record
+HUNG = PREFIX + "hung"  # the sidecar's early export of a call in flight longer than SGLANG_KERNEL_API_HANG_SECONDS
+IN_FLIGHT_SECONDS = PREFIX + "in_flight_seconds"  # how long that call had been running then
 BLACKBOX = PREFIX + "blackbox"  # set by the reader on a call the black box recorded
+
+# A collective or point-to-point op (capture/collectives.py), at every level.
+COLLECTIVE = "sglang.collective."
+COLLECTIVE_OP = COLLECTIVE + "op"  # all_reduce, send, ...
+COLLECTIVE_GROUP = COLLECTIVE + "group"  # the group's description or name
+COLLECTIVE_GROUP_RANKS = COLLECTIVE + "group_ranks"  # its members' global ranks
+COLLECTIVE_SEQ = COLLECTIVE + "seq"  # per group (per peer and direction for send/recv), from 1
+COLLECTIVE_ASYNC = COLLECTIVE + "async_op"
+COLLECTIVE_INPUT_SHAPES = COLLECTIVE + "input_shapes"
+COLLECTIVE_INPUT_DTYPES = COLLECTIVE + "input_dtypes"
+COLLECTIVE_OUTPUT_SHAPES = COLLECTIVE + "output_shapes"
+COLLECTIVE_OUTPUT_DTYPES = COLLECTIVE + "output_dtypes"
+COLLECTIVE_REDUCE_OP = COLLECTIVE + "reduce_op"
+COLLECTIVE_PEER = COLLECTIVE + "peer"  # send/recv: the other rank (global); "any" for a recv from any source
+COLLECTIVE_ROOT = COLLECTIVE + "root"  # broadcast, reduce: the source or destination (global)
+COLLECTIVE_TAG = COLLECTIVE + "tag"  # send/recv: the tag, when not 0
+SENDS = ("send", "isend")
+RECVS = ("recv", "irecv")
 
 BATCH_SIZE = "sglang.batch.size"
 BATCH_REQUEST_IDS = "sglang.batch.request_ids"

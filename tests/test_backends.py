@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,99 +20,10 @@ import urllib.request
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, ".backends", "bin")
-CONFIG = os.path.join(ROOT, "collector-config")
+from backends import BIN, CONFIG, Collector, Jaeger, clean_env as _clean_env, ensure_built, wait as _wait
+
 KERNELS = {"sglang.custom_op.embedding", "sglang.custom_op.rmsnorm", "sglang.quant_method.UnquantizedLinearMethod.apply"}
 BAD, NAN = [5, 99], [1, 31]  # a token out of the vocabulary; the token that makes NaN
-
-
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _get(url: str):
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read())
-
-
-def _wait(what: str, probe, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = probe()
-            if result:
-                return result
-        except (OSError, ValueError, KeyError):
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.25)
-
-
-def _clean_env(**settings) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
-    env.update(settings)
-    return env
-
-
-class Jaeger:
-    def __init__(self, log_dir) -> None:
-        self.otlp = f"127.0.0.1:{_port()}"
-        self.query = f"http://127.0.0.1:{_port()}"
-        env = _clean_env(JAEGER_OTLP_GRPC=self.otlp, JAEGER_QUERY_HTTP=self.query[7:],
-                         JAEGER_QUERY_GRPC=f"127.0.0.1:{_port()}", OTEL_TRACES_EXPORTER="none")  # no self-tracing
-        self.log = open(os.path.join(log_dir, "jaeger.log"), "w")
-        self.process = subprocess.Popen([os.path.join(BIN, "jaeger"), "--config", os.path.join(CONFIG, "jaeger.yaml")],
-                                        env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        _wait("Jaeger's query API", lambda: _get(f"{self.query}/api/services") is not None)
-
-    def trace(self, trace_id: int) -> dict:
-        [trace] = _get(f"{self.query}/api/traces/{trace_id:032x}")["data"]
-        return trace
-
-    def search(self, service: str, tags: dict | None = None) -> set[int]:
-        query = {"service": service, "limit": "1000", "lookback": "1h"}
-        if tags:
-            query["tags"] = json.dumps(tags)
-        found = _get(f"{self.query}/api/traces?{urllib.parse.urlencode(query)}")["data"] or []
-        return {int(trace["traceID"], 16) for trace in found}
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
-        self.log.close()
-
-
-class Collector:
-    def __init__(self, log_dir, jaeger: Jaeger, sample_percent: int, archive: str) -> None:
-        self.grpc = _port()
-        self.archive = archive
-        os.makedirs(os.path.dirname(archive), exist_ok=True)  # the file exporter makes no directory
-        env = _clean_env(OTLP_GRPC_PORT=str(self.grpc), OTLP_HTTP_PORT=str(_port()), METRICS_PORT=str(_port()),
-                         JAEGER_OTLP_ENDPOINT=jaeger.otlp, SAMPLE_PERCENT=str(sample_percent), ARCHIVE_PATH=archive)
-        self.log = open(os.path.join(log_dir, f"collector-{sample_percent}.log"), "w")
-        self.process = subprocess.Popen(
-            [os.path.join(BIN, "otelcol"), "--config", os.path.join(CONFIG, "otel-collector.yaml")],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        _wait("the Collector's OTLP port", self._listening)
-
-    def _listening(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"the Collector exited: {open(self.log.name).read()[-2000:]}")
-        socket.create_connection(("127.0.0.1", self.grpc), 1).close()
-        return True
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.grpc}"
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)  # flushes the batch processor and the file exporter
-        self.process.wait(timeout=60)
-        self.log.close()
 
 
 def _post(port: int, tokens: list[int], trace_id: int):
@@ -175,8 +85,7 @@ def _crash(tmp_path, name: str, endpoint: str | None, trace_id: int, **settings)
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    if not all(os.access(os.path.join(BIN, name), os.X_OK) for name in ("jaeger", "otelcol")):
-        subprocess.run(["bash", os.path.join(ROOT, ".ci", "backends")], check=True, timeout=3600)
+    ensure_built()
     tmp_path = tmp_path_factory.mktemp("backends")
     jaeger = Jaeger(tmp_path)
     try:

@@ -23,7 +23,9 @@ def test_demo_reports_the_failing_kernel_and_its_request(tmp_path):
     report = out.split(f"Crash report from {trace_file}")[1]
     assert "No kernel call was running" in report
     failed = report.split("Failed calls (1):\n")[1]
-    assert failed.startswith("  sglang.custom_op.embedding  (thread scheduler")
+    # The call names the process and file it ran in.
+    pid = trace_file.name.split("_")[-1].split(".")[0]
+    assert failed.startswith(f"  sglang.custom_op.embedding  (pid {pid}, {trace_file.name}; thread scheduler")
     assert "raised IndexError: index out of range in self" in failed
     assert_batch_inputs_match_requests(failed, bad_id)
     (text_log,) = tmp_path.glob("sglang_kernel_api_*.log")
@@ -37,7 +39,9 @@ def test_demo_crash_reports_what_the_dead_process_left(tmp_path):
     assert "-> no answer: the server died" in out.split("[12, 39]")[1].splitlines()[1]
     assert "ended: killed by SIGABRT." in out
     crashed = out.split("CRASHED: 1 kernel call(s) were running when the process died:\n")[1]
-    assert crashed.startswith("  sglang.custom_op.embedding  (thread scheduler")
+    (trace_file,) = tmp_path.glob("sglang_kernel_trace_*.sgltrace")
+    pid = trace_file.name.split("_")[-1].split(".")[0]
+    assert crashed.startswith(f"  sglang.custom_op.embedding  (pid {pid}, {trace_file.name}; thread scheduler")
     assert_batch_inputs_match_requests(crashed.split("Also unfinished")[0], None)
     assert "Fatal Python error: Aborted" in crashed
     assert "in embedding" in crashed  # where Python was, from the saved traceback

@@ -272,7 +272,7 @@ def test_ranks_get_their_own_files(tmp_path):
     assert len(set(paths)) == 3
     for rank, path in enumerate(paths):
         contents = sok.read_trace_file(path)
-        assert contents.metadata["ranks"] == {"rank": str(rank), "local_rank": str(rank), "world_size": "3"}
+        assert contents.metadata["ranks"] == {"rank": rank, "local_rank": rank, "world_size": 3}
         assert contents.metadata["resource"]["sglang.rank"] == rank
         assert os.path.basename(path) == f"sglang_kernel_trace_{contents.metadata['pid']}.sgltrace"
         assert len(contents.spans) == 5

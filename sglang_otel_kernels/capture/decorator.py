@@ -31,6 +31,7 @@ from ..record.processor import set_writer
 from ..record.setup import make_writer
 from ..record.spans import KernelSpans, call_context, parent_context, unwind
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
+from ..record.tracefile import FLAG_COLLECTIVE
 from .guards import is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
 
@@ -158,14 +159,14 @@ class KernelSite:
         # A bound method's object, like a skipped self, is not in the dump.
         self.on_object = self.skip_self or inspect.ismethod(func)
 
-    def begin(self, args: tuple, kwargs: dict, seq: int) -> _Call | None:
+    def begin(self, args: tuple, kwargs: dict, seq: int, extra: dict | None = None, kind_flags: int = 0) -> _Call | None:
         try:
-            return self._begin(args, kwargs, seq)
+            return self._begin(args, kwargs, seq, extra, kind_flags)
         except Exception as exc:
             _warn_once(f"recording the inputs of {self.name}", exc)
             return None
 
-    def _begin(self, args: tuple, kwargs: dict, seq: int) -> _Call:
+    def _begin(self, args: tuple, kwargs: dict, seq: int, extra: dict | None, kind_flags: int) -> _Call:
         """The start record is written before anything that synchronises a
         GPU (level-5 statistics, level-10 copies): a hang in earlier GPU work
         then leaves this call in flight with its shapes; the statistics and
@@ -180,15 +181,17 @@ class KernelSite:
         span = attrs = None
         nonfinite: list = []
         if spans is not None:
+            if extra:  # a collective's group and number, first: a long argument list never pushes them out
+                attrs = dict(extra)
             if entries and runtime.span_arguments:
-                attrs = {}
+                attrs = attrs or {}
                 if self.with_stats:
                     # Placed first so that a long argument list never pushes them out.
                     attrs[schema.HAS_NAN] = attrs[schema.HAS_INF] = False
                     attrs[schema.NONFINITE] = ()
                 for _, path, node in entries:
                     _attrs.add_value(attrs, path, node, False, nonfinite)
-            span = spans.start(self.name, self.level, seq, attrs)
+            span = spans.start(self.name, self.level, seq, attrs, kind_flags)
         if self.with_stats and entries:
             if fill_statistics(tensors_in([node for _, _, node in entries])) is not None:
                 _saw_device_fault(f"before {self.name} (call {seq}) ran, so from earlier work")
@@ -323,13 +326,22 @@ class KernelSite:
                 _warn_once(f"recording the exception of {self.name}", inner)
 
 
-def _wrap(func: F, name: str, level: int) -> F:
+def _wrap(func: F, name: str, level: int, collective: Callable[[tuple, dict], dict | None] | None = None) -> F:
+    """The recorded version of `func`. With `collective` (see
+    capture/collectives.py), each call's attributes come from it first, at
+    every level; it answers None for a call that is not to be recorded."""
     site = KernelSite(func, name, level)
+    kind_flags = FLAG_COLLECTIVE if collective is not None else 0
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             return func(*args, **kwargs)
+        extra = None
+        if collective is not None:
+            extra = collective(args, kwargs)
+            if extra is None:
+                return func(*args, **kwargs)
         runtime = _runtime
         seq = next(_call_numbers)
         # The outer handler costs nothing until an exception passes (an
@@ -340,7 +352,7 @@ def _wrap(func: F, name: str, level: int) -> F:
                 # description, so none of the general path's layers.
                 spans = runtime.spans
                 try:
-                    span = spans.start(name, level, seq, None)
+                    span = spans.start(name, level, seq, extra, kind_flags)
                 except Exception as exc:
                     _warn_once(f"recording the start of {name}", exc)
                     return func(*args, **kwargs)
@@ -354,7 +366,7 @@ def _wrap(func: F, name: str, level: int) -> F:
                 except Exception as exc:
                     _warn_once(f"recording the end of {name}", exc)
                 return result
-            call = site.begin(args, kwargs, seq)
+            call = site.begin(args, kwargs, seq, extra, kind_flags)
             try:
                 result = func(*args, **kwargs)
             except BaseException as exc:
@@ -368,6 +380,13 @@ def _wrap(func: F, name: str, level: int) -> F:
 
     setattr(wrapper, WRAPPED_MARKER, True)
     return wrapper  # type: ignore[return-value]
+
+
+def wrap_collective(func: F, name: str, collective: Callable[[tuple, dict], dict | None]) -> F:
+    """`func` recorded as a collective named `name` at the level in force
+    (capture/collectives.py): `collective(args, kwargs)` gives each call's
+    attributes, None for a call not to record."""
+    return _wrap(func, name, _config.get_config().level, collective)
 
 
 @overload
@@ -420,3 +439,9 @@ def wrap_method_with_debug_kernel_once(
     setattr(obj, marker, True)
     return obj
 
+
+# torch.distributed's collectives are recorded with this module's wrapper
+# while the level is above 0 (capture/collectives.py), from now on.
+from .collectives import follow_config  # noqa: E402
+
+follow_config(_config.get_config())

@@ -12,14 +12,18 @@ SGLang carries it from its tokenizer process to its scheduler.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import threading
 from typing import Any, Iterable, Iterator, Mapping
 
 from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.propagators.textmap import DefaultGetter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ..record import identity
 from ..record.spans import describe_exception, record_failure
 from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, BATCH_UNTRACED, REQUEST_ID
 from .decorator import kernel_tracer
@@ -89,15 +93,60 @@ def _normalise(requests: Iterable[Any]) -> list[tuple[SpanContext | None, str | 
     return out
 
 
+class _KeyedTraceIds(IdGenerator):
+    """The provider's ids, except the trace id of a batch span started with
+    a key (`forward_batch(batch_key=...)`): derived from the key and the
+    job, so that every rank running that batch puts its spans in one trace."""
+
+    def __init__(self, inner: IdGenerator) -> None:
+        self.inner = inner
+        self._local = threading.local()
+
+    def keyed(self, key: Any) -> None:
+        """The next trace id this thread generates comes from `key`."""
+        digest = hashlib.blake2b(repr((identity.known().get("job"), key)).encode(), digest_size=16).digest()
+        self._local.pending = int.from_bytes(digest, "big") or 1
+
+    def forget(self) -> None:
+        """No key for the next trace id (the span it was for has started)."""
+        self._local.pending = None
+
+    def generate_trace_id(self) -> int:
+        pending = getattr(self._local, "pending", None)
+        self._local.pending, self._local.last_keyed = None, pending is not None
+        return pending if pending is not None else self.inner.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        return self.inner.generate_span_id()
+
+    def is_trace_id_random(self) -> bool:
+        return not getattr(self._local, "last_keyed", False) and self.inner.is_trace_id_random()
+
+
+def _keyed_ids(tracer) -> "_KeyedTraceIds | None":
+    """Our tracer's id generator made able to take a batch key, once; None
+    for a tracer that is not the SDK's (its trace ids stay its own)."""
+    ids = getattr(tracer, "id_generator", None)
+    if isinstance(ids, _KeyedTraceIds) or ids is None:
+        return ids
+    tracer.id_generator = _KeyedTraceIds(ids)
+    return tracer.id_generator
+
+
 @contextlib.contextmanager
 def forward_batch(
     requests: Iterable[Any],
     name: str = "forward_batch",
     attributes: Mapping[str, Any] | None = None,
+    batch_key: Any = None,
 ) -> Iterator[trace.Span]:
     """A batch span around one forward pass; kernel spans opened inside are its
     children. Yields the batch span. An exception ends it (and the request
-    spans) with status ERROR and is re-raised."""
+    spans) with status ERROR and is re-raised. `batch_key` (any value with a
+    stable repr, the same on every rank for the same batch, such as a step
+    number and the request ids) gives a batch of several requests a trace id
+    derived from it, so the batch spans and kernels of all tensor-parallel
+    ranks share one trace."""
     tracer = kernel_tracer()
     members = _normalise(requests)
     request_ids = [request_id for _, request_id in members if request_id is not None]
@@ -107,10 +156,19 @@ def forward_batch(
         batch_attributes[BATCH_UNTRACED] = len(members) - len(traced)
     batch_attributes.update(attributes or {})
     links = [Link(span_context, {REQUEST_ID: request_id} if request_id else None) for span_context, request_id in traced]
-    parent = None
+    parent = ids = None
     if len(members) == 1 and traced:
         parent = trace.set_span_in_context(trace.NonRecordingSpan(traced[0][0]))
-    batch = tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL, attributes=batch_attributes, links=links)
+    elif batch_key is not None:
+        ids = _keyed_ids(tracer)
+        if ids is not None:
+            ids.keyed(batch_key)
+    try:
+        batch = tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL, attributes=batch_attributes,
+                                  links=links)
+    finally:
+        if ids is not None:
+            ids.forget()
     request_spans = []
     if len(members) > 1:
         batch_link = [Link(batch.get_span_context(), {BATCH_SIZE: len(members)})]

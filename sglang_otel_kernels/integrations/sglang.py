@@ -6,7 +6,14 @@ before SGLang's layers import them from it, so every kernel SGLang decorates
 and text log. With SGLang's request tracing on (`--enable-trace`), SGLang
 installs its TracerProvider, which kernel spans then share, and each
 `Scheduler.run_batch` runs inside a `forward_batch` span linked to the root
-span of every request in the batch, so kernels attach to its request traces.
+span of every request in the batch, so kernels attach to its request traces;
+the batch's trace id comes from its step and requests, so the tensor-parallel
+ranks' kernels of one batch share a trace. The collectives of its
+`GroupCoordinator` (all-reduce with its custom and pynccl paths, all-gather,
+reduce-scatter, broadcast, send/recv of tensors, dicts and objects) are
+recorded like torch.distributed's (capture/collectives.py), and the
+scheduler's ranks (tp, pp, dp, ep, attention tp/dp) go into the trace file
+and the resource.
 
 Install it before SGLang is imported: `sglang-otel-kernels run -- python -m
 sglang.launch_server ...` does so in every process of the server (its
@@ -16,6 +23,7 @@ spawned scheduler and worker processes included).
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import sys
 from typing import Any, Callable
@@ -27,6 +35,8 @@ from ..notices import warn
 
 LOGGING_MODULE = "sglang.kernels.kernel_api_logging"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+PARALLEL_STATE_MODULE = "sglang.srt.distributed.parallel_state"
+RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
 NAMES = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
 BATCH_SPAN = "sglang.forward_batch"
 LOGDEST = "SGLANG_KERNEL_API_LOGDEST"
@@ -47,6 +57,7 @@ def install() -> Instrumentation:
     handle.on_undo(import_hooks.before_import(LOGGING_MODULE, _no_logger_file))
     handle.on_undo(import_hooks.when_imported(LOGGING_MODULE, functools.partial(_patch_logging, handle)))
     handle.on_undo(import_hooks.when_imported(SCHEDULER_MODULE, functools.partial(_patch_scheduler, handle)))
+    handle.on_undo(import_hooks.when_imported(PARALLEL_STATE_MODULE, functools.partial(_patch_coordinator, handle)))
     _installed = handle
     return handle
 
@@ -98,6 +109,33 @@ def _request_context(request: Any) -> tuple[Any, Any]:
     return getattr(trace_context, "root_span_context", None), getattr(request, "rid", None)
 
 
+# SGLang's rank names (its ParallelContext) and ours (record/identity.py).
+_RANKS = (("tp_rank", "tp_rank"), ("pp_rank", "pp_rank"), ("dp_rank", "dp_rank"), ("moe_ep_rank", "ep_rank"),
+          ("attn_tp_rank", "attn_tp_rank"), ("attn_dp_rank", "attn_dp_rank"))
+
+
+def _learn_ranks() -> bool:
+    """This scheduler's ranks as SGLang published them, into the trace file
+    and the resource; whether any was found. Each is read on its own: an
+    unpublished one raises."""
+    from ..record import identity
+
+    try:
+        parallel = importlib.import_module(RUNTIME_CONTEXT_MODULE).get_parallel()
+    except Exception:
+        return False
+    found = {}
+    for theirs, ours in _RANKS:
+        try:
+            value = getattr(parallel, theirs)
+        except Exception:
+            continue
+        if type(value) is int:
+            found[ours] = value
+    identity.update(**found)
+    return bool(found)
+
+
 def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
     scheduler = getattr(module, "Scheduler", None)
     original = getattr(scheduler, "run_batch", None)
@@ -105,10 +143,35 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
         return
     from ..capture.requests import forward_batch
 
+    learnt = []
+
     @functools.wraps(original)
     def run_batch(self, batch, *args, **kwargs):
+        if not learnt:  # a scheduler made without its __init__ (or before the ranks were published)
+            learnt.append(_learn_ranks())
         requests = [_request_context(request) for request in (getattr(batch, "reqs", None) or ())]
-        with forward_batch(requests, name=BATCH_SPAN):
+        # Every tensor-parallel rank runs the same step on the same requests: one trace for all.
+        key = (getattr(self, "forward_ct", None), tuple(str(rid) for _, rid in requests))
+        with forward_batch(requests, name=BATCH_SPAN, batch_key=key):
             return original(self, batch, *args, **kwargs)
 
     handle.add(Patch(scheduler, "run_batch", run_batch))
+    init = scheduler.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        # Ranks known before the model loads and its kernels run.
+        learnt.append(_learn_ranks())
+        return init(self, *args, **kwargs)
+
+    handle.add(Patch(scheduler, "__init__", __init__))
+
+
+def _patch_coordinator(handle: Instrumentation, module: Any) -> None:
+    coordinator = getattr(module, "GroupCoordinator", None)
+    cfg = _config.get_config()
+    if coordinator is None or cfg.level == 0 or not cfg.collectives:
+        return
+    from .sglang_collectives import record_coordinator  # needs torch, imported by now
+
+    record_coordinator(coordinator, handle)

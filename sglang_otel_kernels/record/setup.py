@@ -28,7 +28,7 @@ from .. import config as _config
 from .. import files
 from .._version import __version__
 from ..notices import warn, warn_failed_once
-from . import export, processor, tracefile
+from . import export, identity, processor, tracefile
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _attached: "weakref.WeakSet" = weakref.WeakSet()
@@ -40,20 +40,36 @@ _sidecars: set = set()  # the trace files a sidecar of this process follows
 _faulthandler_file = None
 
 
-def rank_metadata(environ=os.environ) -> dict:
-    """Distributed ranks as torchrun and SGLang's launchers export them."""
-    return {key.lower(): environ[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE") if key in environ}
-
-
 def default_resource() -> Resource:
     attributes = {
         "service.name": os.environ.get("OTEL_SERVICE_NAME") or "sglang",
         "process.pid": os.getpid(),
         "host.name": socket.gethostname(),
     }
-    attributes.update({f"sglang.{key}": int(value) for key, value in rank_metadata().items() if value.isdigit()})
+    attributes.update(identity.resource_attributes(identity.known()))
     # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES.
     return Resource.create(attributes)
+
+
+def _identity_changed(values: dict) -> None:
+    """Ranks learnt after start-up go into the trace file and onto the
+    resource of the providers this package made (in-process export)."""
+    writer = processor.current_writer()
+    if writer is not None:
+        writer.set_identity(values)
+    for provider in list(_own_providers):
+        _add_to_resource(provider, identity.resource_attributes(values))
+
+
+def _add_to_resource(provider, attributes: dict) -> None:
+    # The SDK offers no public way to change a provider's resource: its
+    # internal update, where it is there (tests/test_sdk_fields.py pins it).
+    update = getattr(provider, "_update_resource", None)
+    if update is not None:
+        update(Resource(attributes))
+
+
+identity.on_change(_identity_changed)
 
 
 def resolve_provider(configured):
@@ -199,23 +215,26 @@ def make_writer(cfg: "_config.KernelTraceConfig") -> "tracefile.TraceFileWriter 
         "host": socket.gethostname(),
         "argv": sys.argv,
         "python": sys.version.split()[0],
-        "ranks": rank_metadata(),
     }
-    return tracefile.TraceFileWriter(
+    writer = tracefile.TraceFileWriter(
         cfg.trace_file,
         capacity=cfg.trace_file_size,
         fsync=cfg.trace_file_fsync,
         metadata=metadata,
-        on_open=functools.partial(_on_open, cfg.faulthandler, cfg.export_sidecar, cfg.trace_file, cfg.trace_file_keep),
+        on_open=functools.partial(_on_open, cfg.faulthandler, cfg.export_sidecar, cfg.trace_file, cfg.trace_file_keep,
+                                  cfg.hang_seconds),
         on_failure=_no_sidecar if cfg.export_sidecar else None,
     )
+    writer.identity = identity.known()  # in the header: the ranks known when the file is created
+    return writer
 
 
-def _on_open(faulthandler_wanted: bool, sidecar_wanted: bool, template: str, keep: int, trace_path: str) -> None:
+def _on_open(faulthandler_wanted: bool, sidecar_wanted: bool, template: str, keep: int, hang_seconds: float,
+             trace_path: str) -> None:
     if faulthandler_wanted:
         _enable_faulthandler(trace_path)
     if sidecar_wanted:
-        _start_sidecar(trace_path)
+        _start_sidecar(trace_path, hang_seconds)
     if keep > 0:
         # Off the kernel thread, which is writing its first record now.
         threading.Thread(target=_prune, args=(template, trace_path, keep), name="sglang-otel-kernels-prune",
@@ -245,14 +264,14 @@ def _no_sidecar() -> None:
              "(SGLANG_KERNEL_API_EXPORT_SIDECAR=1 hands them to the application's exporters)")
 
 
-def _start_sidecar(trace_path: str) -> None:
+def _start_sidecar(trace_path: str, hang_seconds: float) -> None:
     """`sglang-otel-kernels follow` for this file and process, in its own
     session (a Ctrl-C for the application must not stop it before it has
     exported what the application left), at a lower priority (nice 10); it
     exits after this process does."""
     if export.otlp_endpoint() is None:
         return  # nothing to export to
-    command = ["follow", trace_path, "--pid", str(os.getpid())]
+    command = ["follow", trace_path, "--pid", str(os.getpid()), "--hang-seconds", repr(hang_seconds)]
     if trace.get_tracer_provider() not in _own_providers:
         if not sidecar_takes_kernel_spans(trace.get_tracer_provider()):
             return  # the application's own provider exports in its process
@@ -319,13 +338,9 @@ def _remove_empty_traceback() -> None:
 
 def _after_fork_in_child() -> None:
     # A forked child's spans must carry its own pid. The SDK refreshes only
-    # the resource detectors named in OTEL_EXPERIMENTAL_RESOURCE_DETECTORS, and
-    # offers no public way to change a provider's resource: for the providers
-    # this package made, use its internal update when it is there.
+    # the resource detectors named in OTEL_EXPERIMENTAL_RESOURCE_DETECTORS.
     for provider in list(_own_providers):
-        update = getattr(provider, "_update_resource", None)
-        if update is not None:
-            update(Resource({"process.pid": os.getpid()}))
+        _add_to_resource(provider, {"process.pid": os.getpid()})
 
 
 if hasattr(os, "register_at_fork"):

@@ -199,13 +199,14 @@ class KernelSpans:
         present = self._seen = processors._span_processors
         self._targets = processors if any(not isinstance(p, _processor.TraceFileProcessor) for p in present) else None
 
-    def start(self, name: str, level: int, seq: int, extra: dict | None,
+    def start(self, name: str, level: int, seq: int, extra: dict | None, kind_flags: int = 0,
               _pack=tracefile.KERNEL_SPAN.pack, _encode=tracefile.encode, _bits=random.getrandbits,
               _kind=tracefile.ENCODING_KERNEL_SPAN, _context_now=_context.get_current, _now=time_ns,
               _per_thread=tracefile.per_thread) -> tuple:
         """Writes the start record of a call (its attributes beyond name,
-        level and seq in `extra`) and makes it this thread's current call.
-        It runs once per kernel call: the defaults bind what it needs as locals."""
+        level and seq in `extra`; `kind_flags`: FLAG_COLLECTIVE for a
+        collective) and makes it this thread's current call. It runs once
+        per kernel call: the defaults bind what it needs as locals."""
         if self.provider is None:
             self.setup()
         state = _per_thread.state
@@ -221,7 +222,7 @@ class KernelSpans:
             _, trace_id, parent_id, flags = parent
             if not parent_id:
                 trace_id = _bits(128) or 1
-        flags |= self.flags
+        flags |= self.flags | kind_flags
         span_id = _bits(64) or 1
         writer = _processor._current
         start = _now()

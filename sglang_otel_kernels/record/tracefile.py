@@ -15,7 +15,9 @@ Layout (all integers little-endian):
                                   u64 ring bytes written (a high-water mark,
                                   raised before a record goes past it, so a
                                   reader never scans what was never written),
-                                  metadata as JSON (pid, ranks, resource, ...)
+                                  metadata as JSON (pid, ranks, resource, ...);
+                                  its last 8 bytes: i64 heartbeat, the time
+                                  (ns) the writer last said it was alive
     ring     (capacity bytes)     records at 8-byte aligned offsets
 
     record   u32 RECORD_MAGIC, u32 payload length, u64 sequence number,
@@ -35,8 +37,11 @@ Layout (all integers little-endian):
 
 Span names, instrumentation scopes and black-box kernel names are written once
 as SYMBOL records and referred to by number; thread names once as THREAD
-records. When the ring wraps, a TABLE record holding all of them is written
-first, so every record the ring still holds can be resolved. The table is
+records; the process's ranks, when they become known after the file was
+created (torch.distributed initialised, SGLang's scheduler started), as an
+IDENTITY record. When the ring wraps, a TABLE record holding all of them is
+written first, so every record the ring still holds can be resolved. A
+normal interpreter exit writes an EXIT record: a process that died has none. The table is
 bounded (count and bytes, relative to the ring): a name that finds it full,
 or is long, is written inline in its span's start record instead, so a
 stream of distinct names (request ids in span names) costs neither memory
@@ -64,6 +69,7 @@ refused.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import json
@@ -82,13 +88,19 @@ from typing import Callable
 from ..notices import warn
 
 MAGIC = b"SOKTRACE"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # 3 plus the heartbeat, IDENTITY and EXIT records, the identity in the TABLE
 HEADER_SIZE = 65536
 # magic, version, header size, capacity, metadata length, ring bytes written
 HEADER_PREFIX = struct.Struct("<8sIIQIQ")
 WRITTEN_OFFSET = HEADER_PREFIX.size - 8
 WRITTEN = struct.Struct("<Q")
 WRITTEN_STEP = 1 << 16  # the high-water mark moves in steps: one header write per 64 KiB of records
+# The heartbeat: a thread of the writing process stores the time here every
+# HEARTBEAT_S, so a reader knows about when a process that died, or hangs,
+# was last alive (a hung process writes no record).
+ALIVE_OFFSET = HEADER_SIZE - 8
+ALIVE = struct.Struct("<q")
+HEARTBEAT_S = 1.0
 RECORD_MAGIC = 0x524B4F53  # b"SOKR"
 RECORD_HEADER = struct.Struct("<IIQII")
 _RECORD_HEADER_SIZE = RECORD_HEADER.size
@@ -108,6 +120,7 @@ FLAG_LINKS = 4  # the marshal data is (attributes, links), not attributes alone
 FLAG_PARENT_SAMPLED = 8  # the parent's sampled flag, for a parent-based export sampler
 FLAG_INLINE_NAME = 16  # the marshal data is (name, what it would be without this flag)
 FLAG_BLACKBOX = 32  # a kernel span recorded by the black box (level-1 detail, for the file only)
+FLAG_COLLECTIVE = 64  # a collective or point-to-point op (its attributes say which, in which group, its number)
 # A kernel call as a span: trace id (high, low), span id, parent span id,
 # start time, thread, name symbol, kind, flags, call number, level.
 KERNEL_SPAN = struct.Struct("<QQQQqQIBBQB")
@@ -132,12 +145,14 @@ DISK_SHARE = 2
 END = "E"
 THREAD = "T"  # (THREAD, ident, name)
 SYMBOL = "Y"  # (SYMBOL, number, value): a span name, a (scope name, version) pair or a kernel name
-TABLE = "Z"  # (TABLE, {number: value}, {ident: thread name}): all symbols and threads, after a wrap
+TABLE = "Z"  # (TABLE, {number: value}, {ident: thread name}, identity): all symbols, threads and the identity, after a wrap
 FAILURE = "X"  # (FAILURE, call number, exception type, message): a black-box call of format 2 that raised
 CALL_END = "F"  # (CALL_END, span id, end time, status, description, events, attributes added at the end)
 ATTRIBUTES = "A"  # (ATTRIBUTES, span id, attributes added while it runs): level-5 statistics, a dump directory
 MODE = "M"  # (MODE, what a sidecar exports from here on): MODE_KERNELS_ONLY once the application exports its own
 MODE_KERNELS_ONLY = "kernels"
+IDENTITY = "I"  # (IDENTITY, {"rank": 0, "world_size": 8, "tp_rank": 0, "job": ...}): the process's ranks, all known so far
+EXIT = "Q"  # (EXIT, time): the interpreter exited normally (atexit ran); a process that died has none
 
 _writers: "weakref.WeakSet[TraceFileWriter]" = weakref.WeakSet()
 
@@ -228,6 +243,9 @@ class TraceFileWriter:
         self._symbol_bytes = 0
         self._max_symbol_bytes = self.capacity // 16
         self.max_threads = max(16, min(MAX_THREADS, self.capacity >> 10))
+        # The process's ranks as known now (identity.py): in the header of a
+        # file created after they are known, else an IDENTITY record; in every TABLE.
+        self.identity: dict = {}
         self._forked_from: int | None = None
         self._closed = False
         _writers.add(self)
@@ -268,6 +286,8 @@ class TraceFileWriter:
         self._inline_end = -1
         if path != wanted:
             warn(f"{wanted} is being written by another live process; this process ({pid}) writes {path}")
+        threading.Thread(target=self._beat, name="sglang-otel-kernels-heartbeat", daemon=True).start()
+        _exit_record_at_exit()
         if self.on_open is not None:
             self.on_open(path)
         return True
@@ -322,6 +342,7 @@ class TraceFileWriter:
             else:
                 os.ftruncate(fd, total)
             os.pwrite(fd, self._header(os.getpid()), 0)
+            os.pwrite(fd, ALIVE.pack(time.time_ns()), ALIVE_OFFSET)
             linked = _link_new(temporary, path)
         except BaseException as exc:
             os.close(fd)
@@ -340,8 +361,10 @@ class TraceFileWriter:
         metadata = dict(self.metadata, pid=pid, ppid=os.getppid())
         if self._forked_from is not None:
             metadata["forked_from"] = self._forked_from
+        if self.identity:
+            metadata["ranks"] = dict(metadata.get("ranks") or {}, **self.identity)
         body = json.dumps(metadata, default=str).encode("ascii")  # json.dumps escapes what is not ASCII
-        room = HEADER_SIZE - HEADER_PREFIX.size
+        room = ALIVE_OFFSET - HEADER_PREFIX.size
         if len(body) > room:
             body = json.dumps({"pid": pid, "metadata_truncated": True}).encode("utf-8")
         return HEADER_PREFIX.pack(MAGIC, FORMAT_VERSION, HEADER_SIZE, self.capacity, len(body), 0) + body
@@ -366,6 +389,7 @@ class TraceFileWriter:
             self.metadata["resource"] = dict(resource, **{"process.pid": os.getpid()})
         self.path = None
         self._sequence = 0
+        self.identity = {}  # the child's own ranks, if it learns any
         self.symbols = {}
         self.threads = {}
         self._symbol_bytes = 0
@@ -436,6 +460,26 @@ class TraceFileWriter:
                     self.threads[ident] = name
                     self._put(ENCODING_MARSHAL, encode((THREAD, ident, name)))
 
+    def set_identity(self, identity: dict) -> None:
+        """The process's ranks, all known so far: in the header if the file
+        is created after this, else in an IDENTITY record now."""
+        with self._lock:
+            if identity == self.identity:
+                return
+            self.identity = dict(identity)
+            if self._view is not None:
+                self._put(ENCODING_MARSHAL, encode((IDENTITY, self.identity)))
+
+    def _beat(self) -> None:
+        """The heartbeat thread: the time into the header every HEARTBEAT_S
+        while the file is open (one 8-byte store; it ends with the file)."""
+        while True:
+            with self._lock:
+                if self._view is None:
+                    return
+                ALIVE.pack_into(self._view, ALIVE_OFFSET, time.time_ns())
+            time.sleep(HEARTBEAT_S)
+
     def write_record(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack_into=RECORD_HEADER.pack_into,
                      _magic=RECORD_MAGIC, _framed=_RECORD_HEADER_SIZE + ALIGN - 1) -> None:
         """Frames and copies one encoded record into the ring (thread-safe).
@@ -486,7 +530,7 @@ class TraceFileWriter:
         table = b""
         if lap:
             # The names the ring still refers to, before anything else in the new lap.
-            body = encode((TABLE, {n: v for v, n in self.symbols.items()}, dict(self.threads)))
+            body = encode((TABLE, {n: v for v, n in self.symbols.items()}, dict(self.threads), self.identity))
             table = _frame(ENCODING_MARSHAL, body, sequence)
             table_size = len(table)
             offset = (table_size + ALIGN - 1) & -ALIGN
@@ -601,6 +645,23 @@ def _marshal_with_reprs(value):
         return repr(item)
 
     return marshal.dumps(clean(value), MARSHAL_VERSION)
+
+
+_exit_hook: list = []
+
+
+def _exit_record_at_exit() -> None:
+    """Once per process: an EXIT record into each open file when the
+    interpreter exits normally, so a reader tells an exit from a death."""
+    if not _exit_hook:
+        _exit_hook.append(atexit.register(_write_exit_records))
+
+
+def _write_exit_records() -> None:
+    now = time.time_ns()
+    for writer in list(_writers):
+        if writer._view is not None:
+            writer.append((EXIT, now))
 
 
 def _after_fork_in_child() -> None:

@@ -47,7 +47,7 @@ def timeline(files: "list[TraceFileContents]") -> dict[str, Any]:
                                "args": {"name": name, "thread_ident": span.thread_id}})
                 events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
                                "args": {"sort_index": tid}})
-            events.append(_event(span, contents.last_time, pid, tid))
+            events.append(_event(span, contents.last_alive, pid, tid))
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -62,7 +62,7 @@ def _event(span, last_time: int, pid: int, tid: int) -> dict[str, Any]:
         end = span.end_time
     else:
         end = max(last_time, span.start_time + IN_FLIGHT_MIN_NS)
-        args["end"] = "unknown: drawn up to the file's newest time (at least 1 ms)"
+        args["end"] = "unknown: drawn up to the process's last sign of life (at least 1 ms)"
     event = {"name": span.name, "cat": span.scope_name or "span", "ph": "X", "ts": span.start_time / 1000,
              "dur": max(end - span.start_time, 0) / 1000, "pid": pid, "tid": tid, "args": args}
     if span.in_flight:

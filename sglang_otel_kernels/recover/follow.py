@@ -8,7 +8,9 @@ flight at once, marked as such.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import random
 import time
 from typing import Callable
 
@@ -18,14 +20,15 @@ from ..notices import warn
 from ..record.export import ExportSampler
 from .otlp_json import resource_attributes
 from ..record import tracefile as fmt
-from ..schema import NAME
-from .reader import (GAP, Assembler, TraceFileError, map_trace_file, read_header, record_at, scan, with_gaps,
-                     writer_alive)
+from ..schema import HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME
+from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, map_trace_file, read_header, read_heartbeat,
+                     record_at, scan, with_gaps, writer_alive)
 from .replay import BATCH, FileResource, readable
 
 # Spans kept for a back end that does not take them, then the oldest are dropped.
 _MAX_PENDING = 50_000
-_NAMES = (fmt.SYMBOL, fmt.TABLE, fmt.THREAD)
+_NAMES = (fmt.SYMBOL, fmt.TABLE, fmt.THREAD, fmt.IDENTITY)
+_MAX_HUNG = 4096  # calls exported early and still running, remembered so each goes once
 
 
 class RingFollower:
@@ -39,24 +42,24 @@ class RingFollower:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._data = map_trace_file(path)
-        self.metadata, self._base, self._end, _ = read_header(path, self._data, written_only=False)
+        self.data = map_trace_file(path)
+        self.metadata, self._base, self._end, _ = read_header(path, self.data, written_only=False)
         self._offset: int | None = None
         self._expected = 0  # the sequence number of the next record
         self.lost = 0  # records the writer overwrote before they were read
 
     def close(self) -> None:
-        self._data.close()
+        self.data.close()
 
     def poll(self) -> list[tuple]:
         if self._offset is None:
             return self._resync()
         records: list[tuple] = []
         while True:
-            got = record_at(self._data, self._offset, self._end)
+            got = record_at(self.data, self._offset, self._end)
             if got is None or got[0] != self._expected:
                 # The writer may have wrapped: the next record is then at the ring's start.
-                first = record_at(self._data, self._base, self._end)
+                first = record_at(self.data, self._base, self._end)
                 if first is not None and first[0] == self._expected and self._offset != self._base:
                     self._offset = self._base
                     continue
@@ -73,7 +76,7 @@ class RingFollower:
         whose SYMBOL was overwritten are still named), then the records not
         read yet. After a loss, the starts read before it may have lost their
         ends: a GAP first tells the assembler so."""
-        entries, _ = scan(self._data, self._base, self._end)
+        entries, _ = scan(self.data, self._base, self._end)
         fresh = [(sequence, after, record) for sequence, after, record in entries if sequence >= self._expected]
         if not fresh:
             return []
@@ -117,18 +120,44 @@ def writer_watch(path: str) -> Callable[[], bool]:
     return lambda: not os.path.exists(path) or writer_alive(path)
 
 
+def hung_snapshot(span: RecoveredSpan, now: int) -> RecoveredSpan:
+    """The early export of a kernel call still running at `now`: a span of
+    its own whose parent is the call, with the call's name and attributes
+    and `sglang.kernel.hung`, `in_flight`, `in_flight_seconds`. The call's
+    own span, exported when it ends or its process dies, has the call's id:
+    a back end then shows the snapshot inside the call, never beside it."""
+    seconds = round(max(now - span.start_time, 0) / 1e9, 1)
+    return dataclasses.replace(
+        span, span_id=random.getrandbits(64) or 1, parent_span_id=span.span_id, parent_is_remote=False,
+        parent_sampled=bool(span.trace_flags & 1), end_time=max(now, span.start_time), in_flight=False,
+        status_code="UNSET", status_description="",
+        attributes={**span.attributes, IN_FLIGHT: True, HUNG: True, IN_FLIGHT_SECONDS: seconds})
+
+
+def _still_running(assembler: Assembler, hung: set, now: int, hang_ns: int) -> list[RecoveredSpan]:
+    """Kernel calls in flight for `hang_ns` or more at `now` not exported early yet."""
+    hung.intersection_update(assembler.starts)  # ended calls are forgotten
+    late = [start for start in assembler.kernel_calls_started_before(now - hang_ns + 1)
+            if start[2] not in hung][: max(_MAX_HUNG - len(hung), 0)]
+    hung.update(start[2] for start in late)
+    return [hung_snapshot(assembler.span(start, None), now) for start in late]
+
+
 def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | None = None,
-           interval: float = 0.2, wait_s: float = 60.0, kernels_only: bool = False) -> tuple[int, int, int]:
+           interval: float = 0.2, wait_s: float = 60.0, kernels_only: bool = False,
+           hang_seconds: float = 0.0) -> tuple[int, int, int]:
     """Exports the spans of the file at `path` as they end until `alive()`
     (default: the file's writer holds its lock) turns false, then those still
-    in flight (status ERROR, in flight), and
-    returns (spans sent, of which in flight, spans dropped). OTEL_TRACES_SAMPLER
-    chooses the spans that ended, as it does in the application; calls in
-    flight when the process ended are the crash and always go. With
-    `kernels_only` (or from a MODE record on: the application installed its
-    own provider after this package's) the ended spans of the application,
-    which exports them itself, are left out; its spans in flight at the end,
-    never exported by it, still go."""
+    in flight (status ERROR, in flight, ending at the process's last sign of
+    life), and returns (spans sent, of which in flight, spans dropped).
+    OTEL_TRACES_SAMPLER chooses the spans that ended, as it does in the
+    application; calls in flight when the process ended are the crash and
+    always go, and so does the early export of a kernel call running for
+    `hang_seconds` or more while the process lives (`hung_snapshot`; 0:
+    none). With `kernels_only` (or from a MODE record on: the application
+    installed its own provider after this package's) the ended spans of the
+    application, which exports them itself, are left out; its spans in
+    flight at the end, never exported by it, still go."""
     alive = alive or writer_watch(path)
     deadline = time.monotonic() + wait_s
     while not os.path.exists(path):  # the writer creates it on its first record
@@ -138,15 +167,22 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
             raise TraceFileError(f"{path}: no such file (waited {wait_s:g} s for it)")
         time.sleep(interval)
     follower = RingFollower(path)
-    resource = FileResource(resource_attributes(follower.metadata))
+    metadata = follower.metadata
+    resource = FileResource(resource_attributes(metadata))
     assembler = Assembler()
     sampler = ExportSampler()
     pending: list = []
+    hung: set = set()
+    hang_ns = int(hang_seconds * 1e9)
     sent = dropped = 0
     failed_once = False
+    seen_alive = 0  # when this follower last saw the process alive: a sign of life the file does not hold
     try:
         while True:
+            asked = time.time_ns()
             running = alive()  # asked before the poll, so that the last poll sees the last records
+            if running:
+                seen_alive = asked
             for record in follower.poll():
                 if record[0] == fmt.MODE:
                     kernels_only = kernels_only or record[1] == fmt.MODE_KERNELS_ONLY
@@ -159,9 +195,17 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                     span = readable(recovered, resource, assembler.last_time)
                     if sampler.keep(span):
                         pending.append(span)
+                elif record[0] in (fmt.IDENTITY, fmt.TABLE) and assembler.identity != metadata.get("ranks"):
+                    # Ranks learnt after start-up: on the resource of the spans from now on.
+                    metadata = dict(metadata, ranks={**(metadata.get("ranks") or {}), **assembler.identity})
+                    resource = FileResource(resource_attributes(metadata))
             in_flight = []
+            if running and hang_ns:
+                now = time.time_ns()
+                pending.extend(readable(span, resource, now) for span in _still_running(assembler, hung, now, hang_ns))
             if not running:
-                in_flight = [readable(span, resource, assembler.last_time) for span in assembler.in_flight()]
+                last_alive = max(assembler.last_time, read_heartbeat(follower.data), seen_alive)
+                in_flight = [readable(span, resource, last_alive) for span in assembler.in_flight()]
                 pending.extend(in_flight)
             while pending:
                 batch = pending[:BATCH]

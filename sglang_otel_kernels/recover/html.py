@@ -1,21 +1,26 @@
 """The crash report as one self-contained HTML page, for machines without a
 back end or network: a timeline of the last kernel calls per thread (and per
-process or rank when several files are given), the call in flight at the
-crash highlighted with its inputs, failed calls and the first NaN/Inf
-producer marked, the requests of each call's batch on hover and on click.
-No external resource: styles, data and script are inline; every text from
-a file is escaped (a file is hostile input)."""
+process or rank when several files are given), all on one time axis, the
+call in flight at the crash highlighted with its inputs, failed calls and
+the first NaN/Inf producer marked, the requests of each call's batch on
+hover and on click. The ranks of a job come first: their verdict, then one
+lane per rank, collectives drawn apart, the suspects' lanes marked. No
+external resource: styles, data and script are inline; every text from a
+file is escaped (a file is hostile input)."""
 
 from __future__ import annotations
 
 import html
 import json
+import time
 from typing import Any
 
+from ..schema import COLLECTIVE_OP
 from .reader import RecoveredSpan, TraceFileContents
 from .report import build_report, call_lines, call_summary, is_kernel, produced_nonfinite, render_text
 
 MAX_CALLS_PER_TRACK = 200  # the newest calls of each thread: what happened just before the end
+LABEL_MIN_WIDTH = 12  # percent of the axis: a bar this wide shows its name
 
 _STYLE = """
 body{font:14px system-ui,sans-serif;margin:16px;color:#222}
@@ -27,6 +32,12 @@ h1{font-size:20px}h2{font-size:16px;margin-top:24px}
 svg{width:100%;height:28px;background:#f6f6f6;border-radius:3px;display:block}
 rect.call{fill:#7aa6d8}rect.call.failed{fill:#e8912d}rect.call.nonfinite{fill:#9b59b6}
 rect.call.in-flight{fill:#d62828}rect.call:hover{stroke:#000;stroke-width:1}
+rect.call.collective{fill:#2a9d8f}rect.call.collective.in-flight{fill:#f4d35e}
+text.label{font:11px system-ui,sans-serif;fill:#fff;pointer-events:none}
+rect.collective.in-flight+text.label{fill:#333}
+.lane{margin:4px 0;padding:2px 4px;border-left:6px solid transparent}
+.lane.suspect{border-left-color:#d62828;background:#fff3f3}.lane-name{font-size:12px;color:#333}
+.lane.suspect .lane-name{color:#900;font-weight:600}
 #details{white-space:pre-wrap;font:12px ui-monospace,monospace;background:#f6f6f6;padding:8px;min-height:3em}
 pre{font:12px ui-monospace,monospace;background:#f6f6f6;padding:8px;overflow:auto}
 .in-flight-call{border-left:6px solid #d62828;background:#fdd;padding:6px 10px;white-space:pre-wrap;
@@ -43,9 +54,9 @@ for (const rect of document.querySelectorAll('rect.call')) {
 """
 
 
-def _call_text(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], source: str) -> str:
+def _call_text(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents: TraceFileContents) -> str:
     """What hovering or clicking a call shows: the report's lines for it, and its timing."""
-    call = call_summary(span, by_id, source)
+    call = call_summary(span, by_id, contents)
     timing = ("still running at the end of the file" if span.in_flight
               else f"{call['duration_us']} us, status {call['status']} {call['description']}".rstrip())
     return "\n".join([*call_lines(call, indent=""), "  " + timing])
@@ -56,17 +67,61 @@ def _track(spans: list[RecoveredSpan], start: int, end: int, first_bad: int | No
     width = max(end - start, 1)
     rects = []
     for span in spans:
-        stop = span.end_time if span.end_time is not None else content.last_time
+        stop = span.end_time if span.end_time is not None else _until(content)
         x = 100 * (span.start_time - start) / width
         # A call too short to see still shows; the call in flight stands out.
         w = max(100 * (stop - span.start_time) / width, 1.5 if span.in_flight else 0.3)
         kind = ("in-flight" if span.in_flight else "failed" if span.status_code == "ERROR"
                 else "nonfinite" if span.span_id == first_bad else "")
-        text = _call_text(span, by_id, content.path)
+        if COLLECTIVE_OP in span.attributes:
+            kind += " collective"
+        text = _call_text(span, by_id, content)
         calls.append(text)
         rects.append(f'<rect class="call {kind}" data-call="{len(calls) - 1}" data-name="{html.escape(span.name)}" '
                      f'x="{x:.3f}%" y="3" width="{w:.3f}%" height="22"><title>{html.escape(text)}</title></rect>')
+        if w >= LABEL_MIN_WIDTH:  # a bar wide enough carries its kernel's name
+            rects.append(f'<text class="label" x="{x + 0.3:.3f}%" y="18">{html.escape(span.name)}</text>')
     return f'<svg role="img">{"".join(rects)}</svg>'
+
+
+def _until(content: TraceFileContents) -> int:
+    """Where a call in flight is drawn to: now in a live process, else its last sign of life."""
+    return time.time_ns() if content.live else content.last_alive
+
+
+def _newest_by_thread(content: TraceFileContents) -> dict[Any, list[RecoveredSpan]]:
+    tracks: dict[Any, list[RecoveredSpan]] = {}
+    for span in content.spans:
+        if is_kernel(span):
+            tracks.setdefault(span.thread_name or span.thread_id, []).append(span)
+    return {name: spans[-MAX_CALLS_PER_TRACK:] for name, spans in tracks.items()}
+
+
+def _rank_lanes(report: dict[str, Any], contents: list[TraceFileContents], axis: tuple[int, int], first_bad,
+                by_id: dict[int, RecoveredSpan], calls: list[str]) -> str:
+    """Each job's verdict, then one lane per rank (its newest calls, every
+    thread of it together) on the page's time axis; a suspect's lane is marked."""
+    by_path = {content.path: content for content in contents}
+    out = []
+    for verdict in report.get("cross_rank_jobs") or ():
+        suspects = {s["rank"]: (number, s) for number, s in enumerate(verdict["suspects"], 1)}
+        lanes = []
+        for rank in verdict["ranks"]:
+            content = by_path.get(rank["file"])
+            if content is None:
+                continue
+            spans = sorted((s for s in content.spans if is_kernel(s)), key=lambda s: s.start_time)[-MAX_CALLS_PER_TRACK:]
+            label = f"rank {rank['rank']}: {rank['state']}, pid {rank['pid']}"
+            marked = suspects.get(rank["rank"])
+            if marked is not None:
+                label += f" (suspect {marked[0]}: {marked[1]['reason']})"
+            lanes.append(f'<div class="lane{" suspect" if marked else ""}" data-rank="{rank["rank"]}">'
+                         f'<div class="lane-name">{html.escape(label)}</div>'
+                         f"{_track(spans, *axis, first_bad, by_id, content, calls)}</div>")
+        out.append(f'<h2>Ranks of job {html.escape(str(verdict["job"]))}</h2>'
+                   f'<p class="verdict {"crashed" if verdict["suspects"] else "clean"}">'
+                   f'{html.escape(verdict["verdict"])}</p>{"".join(lanes)}')
+    return "".join(out)
 
 
 def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None = None) -> str:
@@ -79,17 +134,16 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
         ("failed", f"{len(report['failed'])} failed call(s)") if report["failed"] else ("clean", "no crash, no failure")
     calls: list[str] = []
     sections = []
+    newest_of = {content.path: _newest_by_thread(content) for content in contents}
+    # One time axis for every process, so that calls of different processes line up.
+    shown = [(s, content) for content in contents for spans in newest_of[content.path].values() for s in spans]
+    start = min((s.start_time for s, _ in shown), default=0)
+    end = max((s.end_time or _until(content) for s, content in shown), default=1)
+    end += max((end - start) // 25, 1)  # room after the newest call: a call in flight starts at the very end
     for content in contents:
-        tracks: dict[Any, list[RecoveredSpan]] = {}
-        for span in content.spans:
-            if is_kernel(span):
-                tracks.setdefault(span.thread_name or span.thread_id, []).append(span)
-        if not tracks:
+        newest = newest_of[content.path]
+        if not newest:
             continue
-        newest = {name: spans[-MAX_CALLS_PER_TRACK:] for name, spans in tracks.items()}
-        start = min(s.start_time for spans in newest.values() for s in spans)
-        end = max(max(s.end_time or content.last_time for s in spans) for spans in newest.values())
-        end += max((end - start) // 25, 1)  # room after the newest call: a call in flight starts at the very end
         rank = (content.metadata.get("ranks") or {}).get("rank")
         title = f"{content.path} (pid {content.metadata.get('pid')}" + (f", rank {rank})" if rank is not None else ")")
         rows = "".join(
@@ -109,8 +163,11 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
 <h1>Kernel calls before the end</h1>
 <p class="verdict {verdict[0]}">{html.escape(verdict[1])}</p>
 <p class="legend"><span style="background:#d62828"></span>in flight at the crash
+<span style="background:#f4d35e"></span>waiting in a collective
 <span style="background:#e8912d"></span>failed<span style="background:#9b59b6"></span>first NaN/Inf producer
-<span style="background:#7aa6d8"></span>completed. Hover a call for its inputs and requests; click to keep them below.</p>
+<span style="background:#2a9d8f"></span>collective<span style="background:#7aa6d8"></span>completed.
+Hover a call for its inputs and requests; click to keep them below.</p>
+{_rank_lanes(report, contents, (start, end), first_bad, by_id, calls)}
 {"".join(sections) or "<p>No kernel calls in these files.</p>"}
 <h2>Selected call</h2><div id="details">(click a call)</div>
 <h2>Report</h2><pre>{html.escape(render_text(report))}</pre>

@@ -16,7 +16,8 @@ import math
 import os
 from typing import Any, Iterable, Iterator
 
-from ..schema import IN_FLIGHT
+from ..record import identity
+from ..schema import HUNG, IN_FLIGHT
 from ..text import utf8
 from .reader import RecoveredSpan, TraceFileContents, TraceFileError, open_regular
 
@@ -85,11 +86,19 @@ def span_json(span: RecoveredSpan, last_time: int) -> dict:
 
 
 def resource_attributes(metadata: dict) -> dict:
-    """The resource of the process that wrote a file, from its header's metadata."""
+    """The resource of the process that wrote a file, from its header's
+    metadata, with its ranks as known at the end (`sglang.rank`, ...): they
+    may have been learnt after the resource was made."""
     resource = metadata.get("resource")
     attributes = dict(resource) if isinstance(resource, dict) else {"service.name": "unknown_service"}
     if "pid" in metadata:
         attributes.setdefault("process.pid", metadata["pid"])
+    ranks = metadata.get("ranks")
+    if isinstance(ranks, dict):
+        # Older files wrote the environment's ranks as text.
+        plain = {key: int(value) if isinstance(value, str) and value.isdigit() else value
+                 for key, value in ranks.items()}
+        attributes.update(identity.resource_attributes(plain))
     return attributes
 
 
@@ -100,7 +109,7 @@ def requests(contents: TraceFileContents, spans: Iterable[RecoveredSpan] | None 
     for first in range(0, len(spans), batch):
         scopes: dict[tuple[str, str], list[dict]] = {}
         for span in spans[first : first + batch]:
-            scopes.setdefault((span.scope_name, span.scope_version), []).append(span_json(span, contents.last_time))
+            scopes.setdefault((span.scope_name, span.scope_version), []).append(span_json(span, contents.last_alive))
         yield {
             "resourceSpans": [
                 {
@@ -287,6 +296,13 @@ def _documents(data: bytes, problems: list[str]) -> Iterator[dict]:
     return (document for document in parsed if document is not None)
 
 
+def _without_answered_snapshots(spans: list[RecoveredSpan]) -> list[RecoveredSpan]:
+    """A hung call's early export (a child of the call, see recover/follow.py)
+    is left out once the call's own span is there: it is the same call."""
+    ids = {span.span_id for span in spans}
+    return [span for span in spans if not (span.attributes.get(HUNG) is True and span.parent_span_id in ids)]
+
+
 def read_otlp_json(path: str) -> "list[TraceFileContents]":
     """The spans of an OTLP JSON file, one TraceFileContents per resource
     (a process), as the report and the Chrome export take them. Malformed
@@ -316,8 +332,11 @@ def read_otlp_json(path: str) -> "list[TraceFileContents]":
             except (Malformed, AttributeError):
                 skipped += 1
                 continue
-            key = json.dumps(resource, sort_keys=True, default=repr)
-            spans = processes.setdefault(key, (resource, []))[1]
+            # One process: its resource gains attributes (its ranks) once they are known.
+            key = (json.dumps([resource.get("host.name"), resource.get("process.pid")], default=repr)
+                   if "process.pid" in resource else json.dumps(resource, sort_keys=True, default=repr))
+            known, spans = processes.setdefault(key, ({}, []))
+            known.update(resource)
             for scope_entry in scope_spans:
                 scope = scope_entry.get("scope") if isinstance(scope_entry, dict) else None
                 scope = scope if isinstance(scope, dict) else {}
@@ -335,10 +354,12 @@ def read_otlp_json(path: str) -> "list[TraceFileContents]":
     for resource, spans in processes.values():
         if not spans:
             continue
+        spans = _without_answered_snapshots(spans)
         spans.sort(key=lambda span: span.start_time)
         times = [t for span in spans for t in (span.start_time, span.end_time or 0)]
         metadata = {"resource": resource, "pid": resource.get("process.pid"), "host": resource.get("host.name"),
-                    "format": "OTLP JSON"}
+                    "format": "OTLP JSON", "ranks": {key: resource[f"sglang.{key}"] for key in identity.RESOURCE_KEYS
+                                                      if f"sglang.{key}" in resource}}
         out.append(TraceFileContents(path=path, metadata=metadata, spans=spans, records=len(spans), skipped=skipped,
                                      problems=list(problems), last_time=max(times, default=0)))
     return out

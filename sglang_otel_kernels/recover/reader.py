@@ -91,6 +91,13 @@ class TraceFileContents:
     problems: list[str]  # what was wrong with the file, if anything
     last_time: int  # the newest timestamp in the file (about when it was last written)
     live: bool = False  # its writer still runs (it holds the file's lock): calls in flight are running now
+    heartbeat: int = 0  # when the writer last said it was alive (ns; 0: unknown), also while it hangs
+    exited: bool = False  # the interpreter exited normally (an EXIT record): not killed, not crashed
+
+    @property
+    def last_alive(self) -> int:
+        """The last sign of life of the writer: its heartbeat or newest record (ns)."""
+        return max(self.heartbeat, self.last_time)
 
 
 def read_trace(path: str | os.PathLike) -> list[RecoveredSpan]:
@@ -169,8 +176,19 @@ def read_text(path: str, limit: int = 1 << 20) -> str:
     return data.decode("utf-8", "replace")
 
 
-# Format 2 had no high-water mark: its whole ring is scanned.
-_PREFIXES = {2: struct.Struct("<8sIIQI"), fmt.FORMAT_VERSION: fmt.HEADER_PREFIX}
+# Format 2 had no high-water mark: its whole ring is scanned. Format 4
+# added the heartbeat at the end of the header and records 3 does not know.
+_PREFIXES = {2: struct.Struct("<8sIIQI"), 3: fmt.HEADER_PREFIX, fmt.FORMAT_VERSION: fmt.HEADER_PREFIX}
+
+
+def read_heartbeat(data) -> int:
+    """When the writer of a mapped file last said it was alive (ns), 0 when
+    the file has no heartbeat (an older format) or a value no clock gives."""
+    version, header_size = struct.unpack_from("<II", data, 8)
+    if version < 4 or header_size != fmt.HEADER_SIZE or len(data) < header_size:
+        return 0
+    alive = fmt.ALIVE.unpack_from(data, fmt.ALIVE_OFFSET)[0]
+    return alive if 0 < alive < _INT64[1] else 0
 
 
 def read_header(path: str, data, written_only: bool = True) -> tuple[dict, int, int, list[str]]:
@@ -207,14 +225,19 @@ def _parse(path: str, data) -> TraceFileContents:
     malformed = sum(1 for entry in entries if entry[2] is MALFORMED)
     if malformed:
         problems.append(f"{malformed} record(s) with a valid checksum but malformed content were ignored")
+    heartbeat = read_heartbeat(data)
     spans, last_time, assembler = _assemble(with_gaps(entries))
+    if assembler.identity:
+        metadata["ranks"] = dict(metadata.get("ranks") if isinstance(metadata.get("ranks"), dict) else {},
+                                 **assembler.identity)
     if assembler.orphans:
         problems.append(f"{assembler.orphans} span end(s) whose start is not in the file (overwritten by newer "
                         "records, or begun before recording did) were left out")
     if assembler.unsure:
         problems.append(f"{len(assembler.unsure)} span start(s) from before a break in the ring, whose end may have "
                         "been overwritten, were left out (not counted as in flight)")
-    return TraceFileContents(path, metadata, spans, len(entries), skipped, problems, last_time)
+    return TraceFileContents(path, metadata, spans, len(entries), skipped, problems, last_time,
+                             heartbeat=heartbeat, exited=assembler.exited)
 
 
 def with_gaps(entries: list[tuple[int, int, tuple]]) -> list[tuple]:
@@ -344,11 +367,17 @@ def _content(payload: bytes, encoding: int):
     if kind == fmt.SYMBOL and len(record) == 3 and type(record[1]) is int:
         value = _symbol(record[2])
         return None if value is None else (fmt.SYMBOL, record[1], value)
-    if kind == fmt.TABLE and len(record) == 3 and isinstance(record[1], dict) and isinstance(record[2], dict):
+    if kind == fmt.TABLE and len(record) in (3, 4) and isinstance(record[1], dict) and isinstance(record[2], dict):
         symbols = {number: value for number, value in ((n, _symbol(v)) for n, v in record[1].items())
                    if type(number) is int and value is not None}
         threads = {ident: utf8(name) for ident, name in record[2].items() if _is_u64(ident) and type(name) is str}
-        return (fmt.TABLE, symbols, threads)
+        identity = _identity(record[3]) if len(record) == 4 else {}
+        return None if identity is None else (fmt.TABLE, symbols, threads, identity)
+    if kind == fmt.IDENTITY and len(record) == 2:
+        identity = _identity(record[1])
+        return None if identity is None else (fmt.IDENTITY, identity)
+    if kind == fmt.EXIT and len(record) == 2 and _is_time(record[1]):
+        return record
     if (kind == fmt.FAILURE and len(record) == 4 and type(record[1]) is int
             and type(record[2]) is str and type(record[3]) is str):
         return (fmt.FAILURE, record[1], utf8(record[2]), utf8(record[3]))
@@ -381,6 +410,14 @@ def _symbol(value):
     if type(value) is tuple and len(value) == 2 and all(type(part) is str for part in value):
         return (utf8(value[0]), utf8(value[1]))
     return None
+
+
+def _identity(value) -> "dict | None":
+    """A process's ranks: text keys, plain values (numbers, text)."""
+    clean = _attributes(value)
+    if clean is None:
+        return None
+    return {key: item for key, item in clean.items() if type(item) in (int, str, float)}
 
 
 def _value(value, depth: int = 0):
@@ -538,6 +575,8 @@ class Assembler:
         self.failures: dict[int, tuple] = {}
         self.last_time = 0
         self.orphans = 0  # ends whose start the ring had overwritten
+        self.identity: dict = {}  # the process's ranks learnt after its file was created
+        self.exited = False  # an EXIT record: the interpreter exited normally
 
     def add(self, record: tuple) -> "tuple | None":
         """Takes one record; returns (start, end) when it ends a span or call."""
@@ -581,6 +620,12 @@ class Assembler:
         elif kind == fmt.TABLE:
             self.symbols.update(record[1])
             self.threads.update((ident, str(name)) for ident, name in record[2].items())
+            self.identity.update(record[3])
+        elif kind == fmt.IDENTITY:
+            self.identity.update(record[1])
+        elif kind == fmt.EXIT:
+            self.exited = True
+            self.last_time = max(self.last_time, record[1])
         return None
 
     def span(self, start: tuple, end: "tuple | None") -> RecoveredSpan:
@@ -588,6 +633,10 @@ class Assembler:
         if start[0] == _KERNEL_START:
             return self._call(start, end)
         return _span(start, end, self.threads, self.symbols)
+
+    def kernel_calls_started_before(self, time_ns: int) -> list[tuple]:
+        """The start records of kernel calls in flight that started before `time_ns`."""
+        return [start for start in self.starts.values() if start[8] == _KERNEL_SCOPE and start[6] < time_ns]
 
     def in_flight(self) -> list[RecoveredSpan]:
         """The spans and calls started and not ended."""

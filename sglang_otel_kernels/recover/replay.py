@@ -108,7 +108,7 @@ def replay(
     in_flight = 0
     for content in contents:
         resource = FileResource(resource_attributes(content.metadata))
-        work.extend(readable(span, resource, content.last_time) for span in content.spans)
+        work.extend(readable(span, resource, content.last_alive) for span in content.spans)
         in_flight += sum(span.in_flight for span in content.spans)
     sent = 0
     for first in range(0, len(work), BATCH):

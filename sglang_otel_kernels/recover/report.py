@@ -8,8 +8,11 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from ..config import DEFAULT_HANG_SECONDS
 from ..record.tracefile import traceback_path
 from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, INPUT_PREFIX, NAME, REQUEST_ID, SEQ
+from .ranks import cross_rank, rank_of
+from .ranks import render as render_verdict
 from .reader import RecoveredSpan, TraceFileContents, read_text
 
 _TENSOR_FIELDS = ("shape", "dtype", "device", "stride", "contiguous", "requires_grad",
@@ -86,15 +89,28 @@ def produced_nonfinite(span: RecoveredSpan) -> bool:
     return any(event[0] == "nonfinite_output" for event in span.events)
 
 
-def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], source: str) -> dict[str, Any]:
-    """One call as the report shows it (`call_lines` renders it)."""
+def process_of(contents: TraceFileContents) -> dict[str, Any]:
+    """Who wrote a file: its pid, its global rank when known, the file."""
+    return {"pid": contents.metadata.get("pid"), "rank": rank_of(contents), "file": contents.path}
+
+
+def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents: TraceFileContents,
+                 now: int | None = None) -> dict[str, Any]:
+    """One call as the report shows it (`call_lines` renders it). A call in
+    flight runs until `now` in a live process, else until the process's
+    last sign of life (its heartbeat or newest record)."""
     exception = next((attrs for name, _, attrs in span.events if name == "exception"), None)
+    seconds = None
+    if span.in_flight:
+        until = (now or time.time_ns()) if contents.live else contents.last_alive
+        seconds = round(max(until - span.start_time, 0) / 1e9, 1)
     return {
         "name": span.name,
-        "file": source,
+        **process_of(contents),
         "thread": span.thread_name or str(span.thread_id),
         "start": _iso(span.start_time),
         "duration_us": None if span.end_time is None else round((span.end_time - span.start_time) / 1000, 1),
+        "seconds": seconds,
         "status": span.status_code,
         "description": span.status_description,
         "seq": span.attributes.get(SEQ),
@@ -113,16 +129,22 @@ def _iso(ns: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) + f".{rest // 1000:06d}"
 
 
-def build_report(contents: list[TraceFileContents], last: int = 10) -> dict[str, Any]:
-    spans: list[tuple[RecoveredSpan, str]] = []
+def build_report(contents: list[TraceFileContents], last: int = 10, hang_seconds: float = DEFAULT_HANG_SECONDS,
+                 now: int | None = None) -> dict[str, Any]:
+    """The report of the files of one or several processes (`render_text`,
+    or JSON). With ranked files, `cross_rank` is the verdict of a job's ranks
+    (`recover/ranks.py`; the job with a suspect first) and `cross_rank_jobs`
+    every job's, when the files hold several."""
+    now = time.time_ns() if now is None else now
+    spans: list[tuple[RecoveredSpan, TraceFileContents]] = []
     for content in contents:
-        spans.extend((span, content.path) for span in content.spans)
+        spans.extend((span, content) for span in content.spans)
     spans.sort(key=lambda item: item[0].start_time)
     by_id = {span.span_id: span for span, _ in spans}
     kernels = [(span, source) for span, source in spans if is_kernel(span)]
-    live = {c.path for c in contents if c.live}
-    in_flight = [dict(call_summary(s, by_id, f), in_flight_in_dead_process=f not in live) for s, f in kernels if s.in_flight]
-    failed = [call_summary(s, by_id, f) for s, f in kernels if not s.in_flight and s.status_code == "ERROR"]
+    in_flight = [dict(call_summary(s, by_id, f, now), in_flight_in_dead_process=not f.live)
+                 for s, f in kernels if s.in_flight]
+    failed = [call_summary(s, by_id, f, now) for s, f in kernels if not s.in_flight and s.status_code == "ERROR"]
     first_bad = next(((s, f) for s, f in kernels if produced_nonfinite(s)), None)
     ended = [(s, f) for s, f in kernels if not s.in_flight]
     summary: dict[str, dict[str, Any]] = defaultdict(lambda: {"calls": 0, "errors": 0, "in_flight": 0, "total_us": 0.0})
@@ -138,9 +160,13 @@ def build_report(contents: list[TraceFileContents], last: int = 10) -> dict[str,
         text = read_text(traceback_path(content.path)).strip()
         if text:
             tracebacks[content.path] = text
+    jobs = cross_rank(contents, hang_seconds, now)
     return {
+        "cross_rank": jobs[0] if jobs else None,
+        "cross_rank_jobs": jobs,
         "files": [
             {"path": c.path, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"), "running": c.live,
+             "state": "running" if c.live else "ended" if c.exited else "died",
              "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
              "spans": len(c.spans), "problems": c.problems}
             for c in contents
@@ -149,12 +175,12 @@ def build_report(contents: list[TraceFileContents], last: int = 10) -> dict[str,
         "running": any(c.live for c in contents),
         "in_flight": in_flight,
         "failed": failed,
-        "last_calls": [call_summary(s, by_id, f) for s, f in ended[-last:]] if last > 0 else [],
-        "first_nonfinite_output": None if first_bad is None else call_summary(first_bad[0], by_id, first_bad[1]),
+        "last_calls": [call_summary(s, by_id, f, now) for s, f in ended[-last:]] if last > 0 else [],
+        "first_nonfinite_output": None if first_bad is None else call_summary(first_bad[0], by_id, first_bad[1], now),
         "tracebacks": tracebacks,
         "summary": {name: dict(row, total_us=round(row["total_us"], 1)) for name, row in sorted(summary.items())},
         "in_flight_other_spans": [
-            {"name": s.name, "file": f, "start": _iso(s.start_time), "trace_id": f"{s.trace_id:032x}"}
+            {"name": s.name, "file": f.path, "start": _iso(s.start_time), "trace_id": f"{s.trace_id:032x}"}
             for s, f in spans if s.in_flight and not is_kernel(s)
         ],
     }
@@ -164,8 +190,18 @@ def _ranks(value: Any) -> dict[str, str]:
     return {str(key): str(rank) for key, rank in value.items()} if isinstance(value, dict) else {}
 
 
+def process_text(call: dict[str, Any]) -> str:
+    """`rank 2, pid 4242, trace_4242.sgltrace`: where a call ran."""
+    rank = f"rank {call['rank']}, " if call.get("rank") is not None else ""
+    return f"{rank}pid {call.get('pid')}, {os.path.basename(call.get('file') or '?')}"
+
+
 def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
-    lines = [f"{indent}{call['name']}  (thread {call['thread']}, started {call['start']}, seq {call['seq']})"]
+    lines = [f"{indent}{call['name']}  ({process_text(call)}; thread {call['thread']}, started {call['start']}, "
+             f"seq {call['seq']})"]
+    if call.get("seconds") is not None:
+        lines.append(f"{indent}  running for {call['seconds']} s" if not call.get("in_flight_in_dead_process")
+                     else f"{indent}  in flight for {call['seconds']} s when the process was last alive")
     if call["exception"]:
         lines.append(f"{indent}  raised {call['exception']['type']}: {call['exception']['message']}")
     for path, value in call["inputs"].items():
@@ -185,6 +221,9 @@ def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
 
 def render_text(report: dict[str, Any]) -> str:
     out: list[str] = []
+    for verdict in report.get("cross_rank_jobs") or ():  # the sentence that says it comes first
+        out.extend(render_verdict(verdict))
+        out.append("")
     for info in report["files"]:
         ranks = ", ".join(f"{k}={v}" for k, v in info["ranks"].items()) or "no rank"
         state = ", still running" if info["running"] else ""
@@ -215,8 +254,10 @@ def render_text(report: dict[str, Any]) -> str:
         out.extend(call_lines(report["first_nonfinite_output"]))
     if report["last_calls"]:
         out += ["", f"Last {len(report['last_calls'])} completed calls:"]
+        several = len(report["files"]) > 1
         for call in report["last_calls"]:
-            out.append(f"  {call['start']}  {call['name']}  {call['duration_us']} us  {call['status']}")
+            where = f"  ({process_text(call)})" if several else ""
+            out.append(f"  {call['start']}  {call['name']}  {call['duration_us']} us  {call['status']}{where}")
     for path, text in report["tracebacks"].items():
         out += ["", f"Python traceback ({os.path.basename(path)}.traceback):"]
         out.extend("  " + line for line in text.splitlines())

@@ -1,0 +1,315 @@
+"""Crashes and hangs across ranks, with real processes: four ranks of a job on
+the gloo backend on the CPU (tests/rank_worker.py: each step two kernels and
+an all-reduce, or a pipeline of sends and receives), no mock of
+torch.distributed. The collectives are recorded in each rank's trace file;
+`report` over the files (live, then after a watchdog's SIGKILL) lines the
+ranks up and names the rank and the kernel at fault; the sidecar exports a
+hung call to a real Jaeger while the ranks still run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import sglang_otel_kernels as sok
+from backends import Jaeger, clean_env, ensure_built, port, wait
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(TESTS, "rank_worker.py")
+
+
+class Job:
+    """The ranks of one job, each a process writing trace_<pid>.sgltrace in `directory`."""
+
+    def __init__(self, directory, scenario: str, steps: int = 0, world: int = 4, **settings) -> None:
+        self.directory = directory
+        rendezvous = port()
+        env = clean_env(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off",
+                        SGLANG_KERNEL_API_TRACEFILE=str(directory / "trace_%i.sgltrace"), **settings)
+        env.pop("RANK", None)  # as SGLang's schedulers: the rank is an argument
+        self.processes = [
+            subprocess.Popen([sys.executable, WORKER, str(rank), str(world), str(rendezvous), scenario, str(steps)],
+                             cwd=directory, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for rank in range(world)]
+
+    def path(self, rank: int) -> str:
+        return str(self.directory / f"trace_{self.processes[rank].pid}.sgltrace")
+
+    def spans(self, rank: int) -> list:
+        try:
+            return sok.read_trace(self.path(rank))
+        except sok.TraceFileError:
+            return []  # not created yet
+
+    def in_flight(self, rank: int) -> list:
+        """The kernel calls rank `rank` is in now (names and collective numbers)."""
+        return [(s.name, s.attributes.get("sglang.collective.seq")) for s in self.spans(rank)
+                if s.in_flight and "sglang.kernel.name" in s.attributes]
+
+    def wait_until(self, what: str, probe, timeout: float = 90.0) -> None:
+        def check():
+            for process in self.processes:
+                if process.poll() is not None and process.returncode not in (0, None):
+                    raise AssertionError(f"a rank exited {process.returncode}: {process.stderr.read()[-3000:]}")
+            return probe()
+
+        wait(what, check, timeout)
+
+    def alive(self) -> bool:
+        return all(process.poll() is None for process in self.processes)
+
+    def kill(self) -> None:
+        """SIGKILL every rank, as a watchdog does."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+        for process in self.processes:
+            process.communicate(timeout=60)
+
+    def finish(self, timeout: float = 120) -> list[int]:
+        for process in self.processes:
+            process.communicate(timeout=timeout)
+        return [process.returncode for process in self.processes]
+
+
+@pytest.fixture
+def jobs():
+    started: list[Job] = []
+    yield lambda *args, **kwargs: started.append(Job(*args, **kwargs)) or started[-1]
+    for job in started:
+        job.kill()
+
+
+def report(*paths, hang_seconds: float | None = None) -> tuple[int, str, dict]:
+    """`report` as text and as JSON: (exit status, text, JSON document)."""
+    options = ["--hang-seconds", str(hang_seconds)] if hang_seconds is not None else []
+    results = [subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", *map(str, paths), *options,
+                               *extra], capture_output=True, text=True, timeout=120) for extra in ([], ["--json"])]
+    text, document = results
+    assert text.returncode == document.returncode, (text.stderr, document.stderr)
+    return text.returncode, text.stdout, json.loads(document.stdout)
+
+
+def _entry(verdict: dict, op: str, seq: int) -> dict:
+    [entry] = [e for e in verdict["collectives"] if e["op"] == op and e["seq"] == seq]
+    return entry
+
+
+def test_a_stuck_rank_is_named_while_the_job_hangs_and_after_a_watchdog_kills_it(jobs, tmp_path):
+    ensure_built()
+    jaeger = Jaeger(tmp_path)
+    try:
+        job = jobs(tmp_path, "stuck", OTEL_EXPORTER_OTLP_ENDPOINT=f"http://{jaeger.otlp}",
+                   OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_SERVICE_NAME="ranks-stuck",
+                   SGLANG_KERNEL_API_HANG_SECONDS="2")
+        job.wait_until("rank 2 stuck, the others in all_reduce #5", lambda: job.in_flight(2) == [("layer.stuck", None)]
+                       and all(job.in_flight(r) == [("torch.distributed.all_reduce", 5)] for r in (0, 1, 3)))
+
+        # Jaeger shows the hang while the ranks still run: each hung call exported early, marked.
+        def hung_in_jaeger():
+            found = [span for trace_id in jaeger.search("ranks-stuck", {"sglang.kernel.hung": "true"})
+                     for span in jaeger.trace(trace_id)["spans"]]
+            names = sorted(span["operationName"] for span in found if _tags(span).get("sglang.kernel.hung"))
+            return found if names.count("torch.distributed.all_reduce") == 3 and "layer.stuck" in names else None
+
+        early = wait("the hung calls in Jaeger", hung_in_jaeger, timeout=60)
+        assert job.alive()
+        [snapshot] = [s for s in early if s["operationName"] == "layer.stuck" and _tags(s).get("sglang.kernel.hung")]
+        assert _tags(snapshot)["sglang.kernel.in_flight"] is True and _tags(snapshot)["sglang.kernel.in_flight_seconds"] >= 2
+
+        status, text, document = report(tmp_path, hang_seconds=2)
+        verdict = document["cross_rank"]
+        assert status == 1
+        first = text.splitlines()[0]
+        assert first.startswith("rank 2 is stuck in layer.stuck (running ") and first.endswith(
+            ") and never entered all_reduce #5 of group default_pg, which ranks 0, 1, 3 wait in"), first
+        suspect = verdict["suspects"][0]
+        assert (suspect["rank"], suspect["reason"], suspect["call"]) == (2, "missing", "layer.stuck")
+        assert suspect["seconds"] >= 2 and len(verdict["suspects"]) == 1
+        stuck_for = suspect["seconds"]
+        entry = _entry(verdict, "all_reduce", 5)
+        assert (entry["group"], entry["waiting"], entry["missing"], entry["hang"]) == ("default_pg", [0, 1, 3], [2], True)
+        assert {r["rank"]: r["state"] for r in verdict["ranks"]} == {0: "running", 1: "running", 2: "running",
+                                                                     3: "running"}
+        # Every call in flight names its rank, process and file, and how long it has run.
+        [stuck_line] = [line for line in text.splitlines() if line.startswith("  layer.stuck  (")]
+        assert stuck_line.startswith(f"  layer.stuck  (rank 2, pid {job.processes[2].pid}, "
+                                     f"trace_{job.processes[2].pid}.sgltrace; thread MainThread")
+        assert "    running for " in text
+        [in_flight] = [call for call in document["in_flight"] if call["name"] == "layer.stuck"]
+        assert in_flight["rank"] == 2 and in_flight["seconds"] >= 2
+
+        job.kill()
+        status, text, document = report(tmp_path)
+        verdict = document["cross_rank"]
+        assert status == 1
+        assert text.splitlines()[0].startswith("rank 2 died in layer.stuck (running "), text
+        assert "never entered all_reduce #5 of group default_pg, which ranks 0, 1, 3 waited in" in text.splitlines()[0]
+        assert (verdict["suspects"][0]["rank"], verdict["suspects"][0]["call"]) == (2, "layer.stuck")
+        assert _entry(verdict, "all_reduce", 5)["missing"] == [2]
+        assert {r["state"] for r in verdict["ranks"]} == {"died"}
+        # Killed after seconds stuck: its heartbeat (once a second) says how long it was.
+        assert verdict["suspects"][0]["seconds"] >= stuck_for - 1.0
+
+        # In Jaeger the sidecar's final span of the call (in flight at the kill) holds the early one.
+        def final_in_jaeger():
+            spans = jaeger.trace(int(snapshot["traceID"], 16))["spans"]
+            finals = [s for s in spans if s["operationName"] == "layer.stuck" and not _tags(s).get("sglang.kernel.hung")]
+            return finals or None
+
+        [final] = wait("the final span of the stuck call", final_in_jaeger, timeout=60)
+        assert _tags(final)["sglang.kernel.in_flight"] is True and _tags(final)["otel.status_code"] == "ERROR"
+        assert {"refType": "CHILD_OF", "traceID": final["traceID"], "spanID": final["spanID"]} in snapshot["references"]
+        # Up to the rank's last sign of life, at least as long as the early export said (microseconds).
+        assert final["duration"] >= snapshot["duration"] >= 2_000_000
+    finally:
+        jaeger.stop()
+
+
+def _tags(span: dict) -> dict:
+    return {tag["key"]: tag["value"] for tag in span["tags"]}
+
+
+def test_a_rank_that_aborts_in_a_kernel_is_the_first_suspect_and_explains_the_others(jobs, tmp_path):
+    job = jobs(tmp_path, "abort", steps=8)
+    codes = job.finish()
+    assert codes[2] == -signal.SIGABRT and all(code != 0 for code in codes), codes
+    status, text, document = report(tmp_path)
+    verdict = document["cross_rank"]
+    assert status == 1
+    assert [(s["rank"], s["reason"], s["call"]) for s in verdict["suspects"]] == [(2, "died", "layer.boom")]
+    assert text.splitlines()[0].startswith("rank 2 died in layer.boom")
+    assert text.splitlines()[0].endswith("never entered all_reduce #5 of group default_pg, which ranks 0, 1, 3 "
+                                         "entered and failed in"), text
+    entry = _entry(verdict, "all_reduce", 5)
+    assert (entry["failed"], entry["missing"]) == ([0, 1, 3], [2])
+    assert {r["rank"]: r["state"] for r in verdict["ranks"]} == {0: "ended", 1: "ended", 2: "died", 3: "ended"}
+
+
+def test_a_collective_of_another_shape_is_a_mismatch_naming_both_shapes(jobs, tmp_path):
+    job = jobs(tmp_path, "mismatch", steps=8)
+    job.wait_until("rank 3 left behind in all_reduce #5", lambda: job.in_flight(3) == [("torch.distributed.all_reduce", 5)]
+                   and all(job.in_flight(r) == [("torch.distributed.all_reduce", 6)] for r in (0, 1, 2)))
+    status, text, document = report(tmp_path, hang_seconds=1)
+    verdict = document["cross_rank"]
+    assert status == 1
+    [mismatch] = verdict["mismatches"]
+    assert (mismatch["op"], mismatch["seq"], mismatch["field"], mismatch["odd"]) == ("all_reduce", 5, "input shapes", [3])
+    assert mismatch["values"] == {"0": "(4,)", "1": "(4,)", "2": "(4,)", "3": "(8,)"}
+    assert (verdict["suspects"][0]["rank"], verdict["suspects"][0]["reason"]) == (3, "mismatch")
+    assert text.splitlines()[0].startswith("rank 3's all_reduce #5 of group default_pg has input shapes (8,), "
+                                           "ranks 0, 1, 2 have (4,)"), text
+
+
+def test_a_send_whose_peer_never_receives_names_both_ranks(jobs, tmp_path):
+    job = jobs(tmp_path, "pipeline", steps=8)
+    job.wait_until("rank 1 waiting in send #5 to rank 2", lambda: job.in_flight(1) == [("torch.distributed.send", 5)]
+                   and job.in_flight(3) == [("torch.distributed.recv", 5)] and job.in_flight(2) == [])
+    time.sleep(1.5)  # longer than --hang-seconds
+    status, text, document = report(tmp_path, hang_seconds=1)
+    verdict = document["cross_rank"]
+    assert status == 1
+    first = text.splitlines()[0]
+    assert first.startswith("rank 2 is idle (no call in flight"), first
+    assert "never posted recv #5 from rank 1, which waits in send #5 to it" in first
+    assert "never sent #5 to rank 3, which waits in recv #5 from it" in first
+    assert (verdict["suspects"][0]["rank"], verdict["suspects"][0]["reason"]) == (2, "missing")
+    sends = [e for e in verdict["collectives"] if e.get("source") == 1 and e.get("destination") == 2]
+    assert [(e["op"], e["seq"], e["waiting"], e["missing"]) for e in sends] == [("send", 5, [1], [2])]
+    # Rank 0 waits in turn, for rank 1, which waits itself: a victim, not a suspect.
+    assert 1 not in [s["rank"] for s in verdict["suspects"]]
+
+
+def test_a_healthy_live_job_has_no_suspect(jobs, tmp_path):
+    job = jobs(tmp_path, "healthy")
+    job.wait_until("a few dozen steps", lambda: sum(s.name == "torch.distributed.all_reduce" for s in job.spans(0)) > 30)
+    status, text, document = report(tmp_path)
+    verdict = document["cross_rank"]
+    assert status == 0, text
+    assert verdict["suspects"] == [] and text.startswith("no suspect: 4 ranks (4 running)"), text
+    assert {r["state"] for r in verdict["ranks"]} == {"running"}
+
+
+def test_two_jobs_in_one_directory_get_two_verdicts(jobs, tmp_path):
+    # Two jobs at once, and then a third on the first one's rendezvous: never mixed.
+    first, second = jobs(tmp_path, "healthy", steps=5, world=2), jobs(tmp_path, "healthy", steps=7, world=2)
+    assert first.finish() == second.finish() == [0, 0]
+    status, text, document = report(tmp_path)
+    assert status == 0, text
+    verdicts = document["cross_rank_jobs"]
+    assert len(verdicts) == 2 and verdicts[0]["job"] != verdicts[1]["job"]
+    assert sorted(len(v["ranks"]) for v in verdicts) == [2, 2]
+    counts = sorted(v["ranks"][0]["last_collectives"]["default_pg"]["seq"] for v in verdicts)
+    assert counts == [6, 8]  # each job's all-reduces and its closing barrier
+    assert text.count("no suspect: 2 ranks (2 ended)") == 2
+
+
+def test_a_job_run_again_on_the_same_rendezvous_is_another_job(tmp_path):
+    directory = tmp_path
+    rendezvous = port()
+    for steps in (3, 4):
+        env = clean_env(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off",
+                        SGLANG_KERNEL_API_TRACEFILE=str(directory / "trace_%i.sgltrace"))
+        processes = [subprocess.Popen([sys.executable, WORKER, str(rank), "2", str(rendezvous), "healthy", str(steps)],
+                                      cwd=directory, env=env) for rank in range(2)]
+        assert [process.wait(timeout=120) for process in processes] == [0, 0]
+    status, text, document = report(directory)
+    verdicts = document["cross_rank_jobs"]
+    assert len(verdicts) == 2 and verdicts[0]["job"] == verdicts[1]["job"]
+    assert sorted(v["ranks"][0]["last_collectives"]["default_pg"]["seq"] for v in verdicts) == [4, 5]
+
+
+def test_every_ranks_kernels_of_a_batch_share_its_trace_in_jaeger(tmp_path):
+    ensure_built()
+    jaeger = Jaeger(tmp_path)
+    try:
+        env = clean_env(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off",
+                        SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
+                        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://{jaeger.otlp}", OTEL_EXPORTER_OTLP_INSECURE="true",
+                        OTEL_SERVICE_NAME="ranks-batch")
+        rendezvous = port()
+        processes = [subprocess.Popen([sys.executable, WORKER, str(rank), "2", str(rendezvous), "healthy", "3"],
+                                      cwd=tmp_path, env=env) for rank in range(2)]
+        assert [process.wait(timeout=120) for process in processes] == [0, 0]
+
+        def batch_traces():
+            found = {}
+            for trace_id in jaeger.search("ranks-batch"):
+                trace = jaeger.trace(trace_id)
+                if sum(s["operationName"] == "decode_batch" for s in trace["spans"]) == 2 and \
+                        sum(s["operationName"] == "torch.distributed.all_reduce" for s in trace["spans"]) == 2:
+                    found[trace_id] = trace
+            return found if len(found) == 3 else None
+
+        for trace in wait("three batch traces, each with both ranks' spans", batch_traces, timeout=60).values():
+            ranks = {pid: {t["key"]: t["value"] for t in process["tags"]}.get("sglang.rank")
+                     for pid, process in trace["processes"].items()}
+            batches = [s for s in trace["spans"] if s["operationName"] == "decode_batch"]
+            assert sorted(ranks[b["processID"]] for b in batches) == [0, 1]
+            for batch in batches:
+                children = sorted(s["operationName"] for s in trace["spans"] if {
+                    "refType": "CHILD_OF", "traceID": batch["traceID"], "spanID": batch["spanID"]} in s["references"])
+                assert children == ["layer.attn", "layer.mlp", "torch.distributed.all_reduce"]
+                assert all(s["processID"] == batch["processID"] for s in trace["spans"]
+                           if any(r["spanID"] == batch["spanID"] for r in s["references"]))
+    finally:
+        jaeger.stop()
+
+
+def test_report_over_the_jaeger_free_archive_of_a_dead_job_gives_the_same_verdict(jobs, tmp_path):
+    """The verdict from OTLP JSON (what `export` and a Collector's archive
+    hold) names the same rank and kernel as from the trace files."""
+    job = jobs(tmp_path, "abort", steps=8)
+    job.finish()
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    for rank in range(4):
+        exported = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "export", job.path(rank), "-o",
+                                   str(archive / f"rank{rank}.jsonl")], capture_output=True, text=True, timeout=120)
+        assert exported.returncode == 0, exported.stderr
+    _, _, document = report(archive)
+    assert [(s["rank"], s["reason"], s["call"]) for s in document["cross_rank"]["suspects"]] == [(2, "died", "layer.boom")]
