@@ -46,50 +46,74 @@ def _export(options) -> int:
     return 0
 
 
-def _read_all(paths: list[str]) -> list:
-    """The trace files and OTLP JSON files named, a directory standing for
-    every `*.sgltrace`, `*.json` and `*.jsonl` in it (earlier runs' files kept
-    aside and the Collector's rotated archives included); a file of a
-    directory that cannot be read is skipped with a line on stderr, one named
-    is an error."""
+def _files(paths: list[str]) -> list[tuple[str, bool]]:
+    """(file, whether it was named) for each path: a directory stands for
+    every `*.sgltrace`, `*.json` and `*.jsonl` in it (earlier runs' files
+    kept aside and the Collector's rotated archives included)."""
     import glob
     import os
 
-    from .recover.reader import TraceFileError
-
-    contents = []
+    files = []
     for path in paths:
         if not os.path.isdir(path):
-            try:
-                contents.extend(_load(path))
-            except TraceFileError as exc:
-                raise _Failure(str(exc)) from None
+            files.append((path, True))
             continue
         found = sorted(name for pattern in ("*.sgltrace", "*.json", "*.jsonl")
                        for name in glob.glob(os.path.join(glob.escape(path), pattern)))
         if not found:
             raise _Failure(f"{path}: a directory without trace files (*.sgltrace) or OTLP JSON files")
-        for name in found:
-            try:
-                contents.extend(_load(name))
-            except TraceFileError as exc:
-                print(f"sglang-otel-kernels: skipped {exc}", file=sys.stderr)
-    if not contents:
+        files.extend((name, False) for name in found)
+    return files
+
+
+def _kept(results: list, files: list[tuple[str, bool]]) -> list:
+    """What was read of each file: a file of a directory that cannot be read
+    is skipped with a line on stderr, one named is an error."""
+    kept = []
+    for (path, named), result in zip(files, results):
+        if not isinstance(result, Exception):
+            kept.extend(result)
+        elif named:
+            raise _Failure(str(result))
+        else:
+            print(f"sglang-otel-kernels: skipped {result}", file=sys.stderr)
+    if not kept:
         raise _Failure("no readable trace file")
-    return contents
+    return kept
+
+
+def _read_all(paths: list[str]) -> list:
+    """The contents of the trace files and OTLP JSON files named (see `_files`)."""
+    from .recover.reader import TraceFileError
+
+    files = _files(paths)
+    results = []
+    for path, _ in files:
+        try:
+            results.append(_load(path))
+        except TraceFileError as exc:
+            results.append(exc)
+    return _kept(results, files)
 
 
 def _report(options) -> int:
+    import gc
     import json
 
+    from .recover.digest import read_digests
     from .recover.report import build_report, render_text
 
     if options.last < 0:
         raise _Failure("--last must be 0 or more")
     if not 0 <= options.hang_seconds < float("inf"):
         raise _Failure("--hang-seconds must be 0 or more")
-    contents = _read_all(options.files)
-    report = build_report(contents, last=options.last, hang_seconds=options.hang_seconds)
+    # What is read lives until the command ends, millions of objects and no
+    # cycle among them: collections would only walk them again and again.
+    gc.disable()
+    files = _files(options.files)
+    digests = _kept(read_digests(_load, [path for path, _ in files], options.last), files)
+    report = build_report(digests, last=options.last, hang_seconds=options.hang_seconds)
+    contents = [item.contents for item in digests]
     if options.html:
         from .recover.html import render_html
 

@@ -34,6 +34,10 @@ COLLECTIVE_REDUCE_OP = COLLECTIVE + "reduce_op"
 COLLECTIVE_PEER = COLLECTIVE + "peer"  # send/recv: the other rank (global); "any" for a recv from any source
 COLLECTIVE_ROOT = COLLECTIVE + "root"  # broadcast, reduce: the source or destination (global)
 COLLECTIVE_TAG = COLLECTIVE + "tag"  # send/recv: the tag, when not 0
+# Their order in a trace file's record (record/tracefile.py, PACKED_COLLECTIVE).
+COLLECTIVE_FIELDS = (COLLECTIVE_OP, COLLECTIVE_GROUP, COLLECTIVE_GROUP_RANKS, COLLECTIVE_SEQ, COLLECTIVE_ASYNC,
+                     COLLECTIVE_INPUT_SHAPES, COLLECTIVE_INPUT_DTYPES, COLLECTIVE_OUTPUT_SHAPES,
+                     COLLECTIVE_OUTPUT_DTYPES, COLLECTIVE_REDUCE_OP, COLLECTIVE_PEER, COLLECTIVE_ROOT, COLLECTIVE_TAG)
 SENDS = ("send", "isend")
 RECVS = ("recv", "irecv")
 

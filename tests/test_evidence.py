@@ -532,6 +532,53 @@ def test_valid_records_with_hostile_content_are_validated_not_trusted(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+def _kernel(span_id: int, name: int, data=None) -> tuple:
+    fixed = fmt.KERNEL_SPAN.pack(0, 7, span_id, 0, 1_000 + span_id, 1, name, 0, 1, span_id, 1)
+    return fmt.ENCODING_KERNEL_SPAN, fixed + (marshal.dumps(data) if data is not None else b"")
+
+
+def _end(span_id: int) -> tuple:
+    return fmt.ENCODING_COMPACT_END, fmt.COMPACT_END.pack(span_id, 9_000 + span_id, 0)
+
+
+def test_collectives_ranks_and_the_exit_record_are_validated_not_trusted(tmp_path):
+    code = compile("import os; os.system('touch pwned')", "x", "exec")
+    good = ("all_reduce", "tp", (0, 1), 5, False, ("(4,)",), ("torch.float32",), None, None, "SUM", None, None, None)
+    records = [
+        (fmt.ENCODING_MARSHAL, marshal.dumps((fmt.SYMBOL, 1, "torch.distributed.all_reduce"))),
+        (fmt.ENCODING_MARSHAL, marshal.dumps((fmt.IDENTITY, {"rank": 3, "job": BAD_PATH, "code": code, 7: 1}))),
+        _kernel(1, 1, {fmt.PACKED_COLLECTIVE: good}), _end(1),
+        # Packed collectives that are not what a writer packs: each whole record is ignored.
+        _kernel(2, 1, {fmt.PACKED_COLLECTIVE: good[:5]}), _end(2),
+        _kernel(3, 1, {fmt.PACKED_COLLECTIVE: (code, *good[1:])}), _end(3),
+        _kernel(4, 1, {fmt.PACKED_COLLECTIVE: (*good[:2], ("zero", 1), *good[3:])}), _end(4),
+        _kernel(5, 1, {fmt.PACKED_COLLECTIVE: (*good[:3], 1 << 70, *good[4:])}), _end(5),
+        _kernel(6, 1, {fmt.PACKED_COLLECTIVE: (*good[:5], (BAD_PATH,), *good[6:])}), _end(6),
+        (fmt.ENCODING_MARSHAL, marshal.dumps((fmt.TABLE, {1: "torch.distributed.all_reduce"}, {}, "not a dict"))),
+        (fmt.ENCODING_MARSHAL, marshal.dumps((fmt.EXIT, "not a time"))),
+    ]
+    path = tmp_path / "hostile.sgltrace"
+    _hostile_file(path, records)
+    with open(path, "r+b") as handle:  # a heartbeat no clock gives
+        handle.seek(fmt.ALIVE_OFFSET)
+        handle.write(struct.pack("<q", -5))
+    contents = sok.read_trace_file(path)
+    spans = {s.span_id: s for s in contents.spans}
+    assert set(spans) == {1, 6}
+    assert {k: v for k, v in spans[1].attributes.items() if k.startswith("sglang.collective.")} == {
+        "sglang.collective.op": "all_reduce", "sglang.collective.group": "tp", "sglang.collective.group_ranks": (0, 1),
+        "sglang.collective.seq": 5, "sglang.collective.async_op": False, "sglang.collective.input_shapes": ("(4,)",),
+        "sglang.collective.input_dtypes": ("torch.float32",), "sglang.collective.reduce_op": "SUM"}
+    assert spans[6].attributes["sglang.collective.input_shapes"] == ("/data/w\\udcff.bin",)  # text made valid
+    assert contents.metadata["ranks"] == {"rank": 3, "job": "/data/w\\udcff.bin"}  # the code object dropped
+    assert contents.heartbeat == 0 and contents.exited is False
+    assert "6 record(s) with a valid checksum but malformed content were ignored" in contents.problems
+    for args in (["report", str(path)], ["report", "--json", str(path)], ["export", str(path)]):
+        proc = cli(*args, cwd=tmp_path)
+        assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, (args, proc.stderr)
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_fifos_are_refused_at_once(tmp_path):
     fifo = tmp_path / "pipe.sgltrace"
     os.mkfifo(fifo)

@@ -8,6 +8,7 @@ hung call to a real Jaeger while the ranks still run."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 import sglang_otel_kernels as sok
 from backends import Jaeger, clean_env, ensure_built, port, wait
+from test_html_report import _chromium
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(TESTS, "rank_worker.py")
@@ -188,6 +190,20 @@ def test_a_rank_that_aborts_in_a_kernel_is_the_first_suspect_and_explains_the_ot
     entry = _entry(verdict, "all_reduce", 5)
     assert (entry["failed"], entry["missing"]) == ([0, 1, 3], [2])
     assert {r["rank"]: r["state"] for r in verdict["ranks"]} == {0: "ended", 1: "ended", 2: "died", 3: "ended"}
+
+    # The page: one lane per rank on one time axis, the suspect's marked, its call in flight drawn.
+    page = tmp_path / "report.html"
+    made = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path), "--html", str(page)],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 1, made.stderr
+    dom = _chromium("--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr
+    lanes = re.findall(r'<div class="lane( suspect)?" data-rank="(\d+)">(.*?)</svg>', dom.stdout, re.S)
+    assert [(marked, rank) for marked, rank, _ in lanes] == [("", "0"), ("", "1"), (" suspect", "2"), ("", "3")]
+    suspect = lanes[2][2]
+    assert "rank 2: died, pid" in suspect and "(suspect 1: died)" in suspect
+    assert 'class="call in-flight" data-call' in suspect and 'data-name="layer.boom"' in suspect
+    assert all('class="call failed collective"' in lane for _, rank, lane in lanes if rank != "2")
 
 
 def test_a_collective_of_another_shape_is_a_mismatch_naming_both_shapes(jobs, tmp_path):

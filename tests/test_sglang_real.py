@@ -8,14 +8,17 @@ socket (tests/sglang_server_parts.py), with SGLang's own tracing
 Stand-ins only for what needs a GPU: the model worker, the memory pools and
 the scheduler's metrics and profiler collaborators."""
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 import sglang_otel_kernels as sok
+from backends import port, wait
 from otlp_receivers import GrpcReceiver
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -145,3 +148,53 @@ def test_whatever_runs_before_sglangs_tracing_init_sglangs_export_works(sglang_s
     assert names.count(KERNEL) == (3 if first == "kernel" else 2)
     assert names.count("sglang.forward_batch") == 2
     assert sum(name.startswith("Scheduler [TP 0]") for name in names) == 3
+
+
+def test_sglangs_group_coordinator_collectives_and_ranks_name_the_stuck_rank(sglang_site, tmp_path):
+    """SGLang's own parallel state (GroupCoordinator on gloo) under the run
+    launcher, two ranks whose ranks only SGLang's ParallelContext knows: its
+    collectives are recorded and numbered alike on both, the ranks reach the
+    trace files, and the report names the rank stuck in a kernel while the
+    other waits in the all-reduce."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "OTEL_", "RANK", "WORLD_SIZE"))}
+    env.update(PYTHONPATH=os.pathsep.join([sglang_site, ROOT]), SGLANG_KERNEL_API_LOGDEST="off",
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"))
+    rendezvous = port()
+    ranks = [subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "run", "--level", "1", "--", sys.executable,
+                               os.path.join(TESTS, "sglang_ranks.py"), str(rank), "2", str(rendezvous)],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(2)]
+    coordinator = "srt.distributed.parallel_state.GroupCoordinator."
+    try:
+        def in_flight(rank):
+            try:
+                spans = sok.read_trace(tmp_path / f"trace_{ranks[rank].pid}.sgltrace")
+            except sok.TraceFileError:
+                return []
+            return [s.name for s in spans if s.in_flight and "sglang.kernel.name" in s.attributes]
+
+        wait("rank 1 stuck, rank 0 in the all-reduce", lambda: in_flight(1) == ["sglang_ranks.stuck"]
+             and in_flight(0) == [coordinator + "all_reduce"], timeout=120)
+        time.sleep(1.2)
+        report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path), "--json",
+                                 "--hang-seconds", "1"], capture_output=True, text=True, timeout=120)
+        assert report.returncode == 1, report.stderr
+        verdict = json.loads(report.stdout)["cross_rank"]
+        assert verdict["verdict"].startswith("rank 1 is stuck in sglang_ranks.stuck (running ")
+        # Steps 1 and 2 made four collectives each: the third all-reduce is the ninth.
+        assert verdict["verdict"].endswith("and never entered all_reduce #9 of group world:0, which rank 0 waits in")
+        for rank in range(2):
+            contents = sok.read_trace_file(tmp_path / f"trace_{ranks[rank].pid}.sgltrace")
+            assert {k: contents.metadata["ranks"][k] for k in ("rank", "world_size", "tp_rank", "attn_tp_rank")} == {
+                "rank": rank, "world_size": 2, "tp_rank": rank, "attn_tp_rank": rank}
+            collectives = [(s.name[len(coordinator):], s.attributes["sglang.collective.seq"]) for s in contents.spans
+                           if "sglang.collective.op" in s.attributes]
+            # Both ranks numbered the same collectives alike; SGLang's calls into torch.distributed are inside them.
+            assert collectives[:4] == [("all_reduce", 1), ("all_gather", 2), ("barrier", 3), ("broadcast", 4)]
+            assert not any(s.name.startswith("torch.distributed.") for s in contents.spans)
+            p2p = [s for s in contents.spans if s.attributes.get("sglang.collective.op") in ("send", "recv")]
+            assert [s.attributes["sglang.collective.peer"] for s in p2p] == [1 - rank, 1 - rank]
+    finally:
+        for process in ranks:
+            process.kill()
+            process.communicate(timeout=60)

@@ -33,12 +33,7 @@ from .. import config as _config
 from ..notices import warn_failed_once
 from ..record import identity
 from ..record.spans import FLAGS
-from ..record.tracefile import CALL, FLAG_COLLECTIVE, per_thread
-from ..schema import (COLLECTIVE_ASYNC as ASYNC_OP, COLLECTIVE_GROUP as GROUP, COLLECTIVE_GROUP_RANKS as GROUP_RANKS,
-                      COLLECTIVE_INPUT_DTYPES as INPUT_DTYPES, COLLECTIVE_INPUT_SHAPES as INPUT_SHAPES,
-                      COLLECTIVE_OP as OP, COLLECTIVE_OUTPUT_DTYPES as OUTPUT_DTYPES,
-                      COLLECTIVE_OUTPUT_SHAPES as OUTPUT_SHAPES, COLLECTIVE_PEER as PEER, COLLECTIVE_REDUCE_OP as REDUCE_OP,
-                      COLLECTIVE_ROOT as ROOT, COLLECTIVE_SEQ as SEQ, COLLECTIVE_TAG as TAG)
+from ..record.tracefile import CALL, FLAG_COLLECTIVE, PACKED_COLLECTIVE, per_thread
 from .patches import Instrumentation, Patch
 
 MAX_TENSORS = 8  # of a list argument, the first this many are described
@@ -80,13 +75,21 @@ SPECS = _ops(
 )
 
 _dtype_names: dict = {}
+_shape_texts: dict = {}  # torch.Size -> "(4, 4096)": shapes repeat, formatting one costs 0.3 us
+_MAX_SHAPES = 4096
 
 
 def tensor_fields(value: Any, shapes: list, dtypes: list) -> None:
     """Appends the shape and dtype of a tensor, or of the first tensors of a
     list or dict."""
     if isinstance(value, torch.Tensor):
-        shapes.append(str(tuple(value.shape)))
+        shape = value.shape
+        text = _shape_texts.get(shape)
+        if text is None:
+            text = str(tuple(shape))
+            if len(_shape_texts) < _MAX_SHAPES:
+                _shape_texts[shape] = text  # (symbolic shapes never come: calls while torch.compile traces are not recorded)
+        shapes.append(text)
         dtype = value.dtype
         name = _dtype_names.get(dtype)
         if name is None:
@@ -120,15 +123,9 @@ class Counters:
 counters = Counters()
 
 
-def in_collective() -> bool:
-    """Whether the call running on this thread is a recorded collective."""
-    call = per_thread.state[CALL]
-    return call is not None and bool(call[FLAGS] & FLAG_COLLECTIVE)
-
-
 class Parameters:
-    """Where each parameter of a function sits (name, position, default), so
-    a call's argument is found without binding the signature."""
+    """Where each parameter of a function sits, so that a call's argument is
+    found without binding the signature: `slot(name)` once, `value(...)` per call."""
 
     def __init__(self, func: Callable) -> None:
         self.at: dict[str, tuple[int, Any]] = {}
@@ -140,13 +137,20 @@ class Parameters:
             default = None if parameter.default is inspect.Parameter.empty else parameter.default
             self.at[parameter.name] = (index, default)
 
-    def get(self, args: tuple, kwargs: dict, name: str | None) -> Any:
-        if name is None:
-            return None
-        if name in kwargs:
+    def slot(self, name: str | None) -> tuple:
+        """(name, position, default) of a parameter; one the function lacks is always its default, None."""
+        index, default = self.at.get(name, (1 << 30, None)) if name is not None else (1 << 30, None)
+        return name, index, default
+
+    @staticmethod
+    def value(args: tuple, kwargs: dict, slot: tuple) -> Any:
+        name, index, default = slot
+        if kwargs and name in kwargs:
             return kwargs[name]
-        index, default = self.at.get(name, (1 << 30, None))
         return args[index] if index < len(args) else default
+
+    def get(self, args: tuple, kwargs: dict, name: str | None) -> Any:
+        return self.value(args, kwargs, self.slot(name))
 
 
 class Collective:
@@ -156,8 +160,15 @@ class Collective:
 
     def __init__(self, spec: Spec, func: Callable) -> None:
         self.spec = spec
-        self.parameters = Parameters(func)
+        self.parameters = parameters = Parameters(func)
         self.op = spec.op
+        # Each call reads its arguments through these, found once.
+        self._inputs = tuple(map(parameters.slot, spec.inputs))
+        self._outputs = tuple(map(parameters.slot, spec.outputs))
+        self._reduce = parameters.slot(spec.reduce) if spec.reduce is not None else None
+        self._root = tuple(map(parameters.slot, spec.root)) if spec.root is not None else None
+        self._peer = tuple(map(parameters.slot, spec.peer)) if spec.peer is not None else None
+        self._tag, self._async = parameters.slot("tag"), parameters.slot("async_op")
 
     def group(self, args: tuple, kwargs: dict) -> "tuple | None":
         """(what identifies the group in this process, its label, its members'
@@ -166,55 +177,73 @@ class Collective:
 
     def peer(self, args: tuple, kwargs: dict, ranks: tuple):
         """The other rank of a point-to-point op (global), None for any."""
-        get, (global_name, group_name) = self.parameters.get, self.spec.peer
-        return global_rank(get(args, kwargs, global_name), get(args, kwargs, group_name), ranks)
+        value = Parameters.value
+        return global_rank(value(args, kwargs, self._peer[0]), value(args, kwargs, self._peer[1]), ranks)
 
     def inputs(self, args: tuple, kwargs: dict) -> tuple[list, list]:
         shapes: list = []
         dtypes: list = []
-        for name in self.spec.inputs:
-            tensor_fields(self.parameters.get(args, kwargs, name), shapes, dtypes)
+        for slot in self._inputs:
+            tensor_fields(Parameters.value(args, kwargs, slot), shapes, dtypes)
         return shapes, dtypes
 
-    def __call__(self, args: tuple, kwargs: dict) -> "dict | None":
+    def __call__(self, args: tuple, kwargs: dict, _state=per_thread) -> "dict | None":
         try:
-            if in_collective():
-                return None
+            call = _state.state[CALL]
+            if call is not None and call[FLAGS] & FLAG_COLLECTIVE:
+                return None  # inside a recorded collective: that one stands for this call
             group = self.group(args, kwargs)
             return None if group is None else self._attributes(args, kwargs, *group)
         except Exception as exc:
             warn_failed_once(f"recording the collective {self.op}", exc, "; the call goes on unrecorded")
             return None
 
-    def _attributes(self, args: tuple, kwargs: dict, key: Any, label: str, ranks: tuple) -> dict:
-        spec, get = self.spec, self.parameters.get
-        attributes: dict = {OP: self.op, GROUP: label, GROUP_RANKS: ranks}
-        shapes, dtypes = self.inputs(args, kwargs)
-        if shapes:
-            attributes[INPUT_SHAPES], attributes[INPUT_DTYPES] = tuple(shapes), tuple(dtypes)
-        if spec.outputs:
+    def _attributes(self, args: tuple, kwargs: dict, key: Any, label: str, ranks: tuple,
+                    _value=Parameters.value) -> dict:
+        """The call's attributes, packed as the trace file keeps them
+        (tracefile.PACKED_COLLECTIVE: COLLECTIVE_FIELDS' values in order)."""
+        spec = self.spec
+        in_shapes, in_dtypes = self.inputs(args, kwargs)
+        out_shapes = out_dtypes = reduce = root = peer = tag = None
+        if self._outputs:
             shapes, dtypes = [], []
-            for name in spec.outputs:
-                tensor_fields(get(args, kwargs, name), shapes, dtypes)
+            for slot in self._outputs:
+                tensor_fields(_value(args, kwargs, slot), shapes, dtypes)
             if shapes:
-                attributes[OUTPUT_SHAPES], attributes[OUTPUT_DTYPES] = tuple(shapes), tuple(dtypes)
-        if spec.reduce is not None:
-            reduce = get(args, kwargs, spec.reduce)
-            attributes[REDUCE_OP] = getattr(reduce, "name", None) or str(reduce)
-        if spec.root is not None:
-            root = global_rank(get(args, kwargs, spec.root[0]), get(args, kwargs, spec.root[1]), ranks)
-            if root is not None:
-                attributes[ROOT] = root
+                out_shapes, out_dtypes = tuple(shapes), tuple(dtypes)
+        if self._reduce is not None:
+            reduce = reduce_name(_value(args, kwargs, self._reduce))
+        if self._root is not None:
+            root = global_rank(_value(args, kwargs, self._root[0]), _value(args, kwargs, self._root[1]), ranks)
         if spec.direction is not None:
             peer = self.peer(args, kwargs, ranks)
-            attributes[PEER] = "any" if peer is None else peer
-            tag = get(args, kwargs, "tag") or 0
-            if tag:
-                attributes[TAG] = int(tag)
-            key = (key, spec.direction, attributes[PEER], tag)
-        attributes[SEQ] = counters.next(key)
-        attributes[ASYNC_OP] = spec.always_async or bool(get(args, kwargs, "async_op"))
-        return attributes
+            if peer is None:
+                peer = "any"
+            tag = _value(args, kwargs, self._tag) or None
+            key = (key, spec.direction, peer, tag)
+        asynchronous = spec.always_async or bool(_value(args, kwargs, self._async))
+        return {PACKED_COLLECTIVE: (self.op, label, ranks, counters.next(key), asynchronous,
+                                    tuple(in_shapes) if in_shapes else None, tuple(in_dtypes) if in_dtypes else None,
+                                    out_shapes, out_dtypes, reduce, peer, root, None if tag is None else int(tag))}
+
+
+_reduce_names: dict = {}
+
+
+def reduce_name(reduce: Any) -> str:
+    """`SUM`, `MAX`...: a ReduceOp's name (a property of a C++ enum: cached)."""
+    try:
+        name = _reduce_names.get(reduce)
+    except TypeError:  # a ReduceOp made with a premul factor does not hash
+        name = None
+    if name is None:
+        name = getattr(reduce, "name", None) or str(reduce)
+        if len(_reduce_names) < 64:
+            try:
+                _reduce_names[reduce] = name
+            except TypeError:
+                pass
+    return name
 
 
 def global_rank(global_value, group_value, ranks: tuple):
@@ -287,16 +316,21 @@ class TorchCollective(Collective):
     default group. A rank outside the group is not recorded (torch does
     nothing there)."""
 
+    def __init__(self, spec: Spec, func: Callable) -> None:
+        super().__init__(spec, func)
+        self._group = self.parameters.slot("group")
+
     def group(self, args: tuple, kwargs: dict) -> "tuple | None":
         dist = _dist
-        group = self.parameters.get(args, kwargs, "group")
+        group = Parameters.value(args, kwargs, self._group)
         if group is None:
             group = dist.group.WORLD
             if group is None:
                 return None  # not initialised: torch raises for the call itself
         elif group is dist.GroupMember.NON_GROUP_MEMBER:
             return None
-        learn_identity()
+        if not _learnt:
+            learn_identity()
         return (id(group), *group_label(group))
 
 

@@ -168,10 +168,28 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
 
 
 def _patch_coordinator(handle: Instrumentation, module: Any) -> None:
-    coordinator = getattr(module, "GroupCoordinator", None)
     cfg = _config.get_config()
-    if coordinator is None or cfg.level == 0 or not cfg.collectives:
+    if cfg.level == 0:
+        return
+    # SGLang's ranks are published by the time its process groups are built:
+    # learnt then, in every process that builds them, before a model loads.
+    for setup in ("init_distributed_environment", "initialize_model_parallel"):
+        original = getattr(module, setup, None)
+        if original is not None:
+            handle.add(Patch(module, setup, _then_learn_ranks(original)))
+    coordinator = getattr(module, "GroupCoordinator", None)
+    if coordinator is None or not cfg.collectives:
         return
     from .sglang_collectives import record_coordinator  # needs torch, imported by now
 
     record_coordinator(coordinator, handle)
+
+
+def _then_learn_ranks(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _learn_ranks()
+        return result
+
+    return call

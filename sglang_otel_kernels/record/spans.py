@@ -246,7 +246,8 @@ class KernelSpans:
             if self._targets is not None:
                 attributes = {NAME: name, LEVEL: level, SEQ: seq}
                 if extra:
-                    attributes.update(extra[1] if flags & tracefile.FLAG_INLINE_NAME else extra)
+                    attributes.update(tracefile.unpack_collective(extra[1] if flags & tracefile.FLAG_INLINE_NAME
+                                                                  else extra))
         call = state[CALL] = (trace_id, span_id, flags, start, outer, writer, name, parent_id, attributes, state, seq)
         return call
 

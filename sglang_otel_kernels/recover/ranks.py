@@ -74,11 +74,10 @@ class RankFile:
         # (group, ranks) or ("p2p", group, ranks, src, dst, tag) -> {seq: span}
         self.collectives: dict[tuple, dict[int, RecoveredSpan]] = defaultdict(dict)
         for span in self.kernels:
-            key = collective_key(span, rank)
-            if key is not None:
-                self.collectives[key][span.attributes[SEQ]] = span
-        starts = [span.start_time for span in contents.spans]
-        self.first = min(starts, default=contents.last_alive)
+            if OP in span.attributes:
+                key = collective_key(span, rank)
+                if key is not None:
+                    self.collectives[key][span.attributes[SEQ]] = span
 
     def seconds(self, span: RecoveredSpan) -> float:
         end = span.end_time if span.end_time is not None else max(self.now, span.start_time)
@@ -167,10 +166,11 @@ def group_jobs(contents: list[TraceFileContents]) -> list[list[TraceFileContents
             by_key[_job_key(content)].append(content)
     jobs: list[list[TraceFileContents]] = []
     for files in by_key.values():
-        files.sort(key=lambda c: min((s.start_time for s in c.spans), default=c.last_alive))
+        first = {id(c): c.spans[0].start_time if c.spans else c.last_alive for c in files}  # spans in start order
+        files.sort(key=lambda c: first[id(c)])
         runs: list[tuple[int, set, list]] = []  # (end of the run so far, its ranks, its files)
         for content in files:
-            start = min((s.start_time for s in content.spans), default=content.last_alive)
+            start = first[id(content)]
             rank = rank_of(content)
             for index, (end, ranks, members) in enumerate(runs):
                 if start <= end and rank not in ranks:

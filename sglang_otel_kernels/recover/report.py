@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections import defaultdict
 from typing import Any
 
 from ..config import DEFAULT_HANG_SECONDS
 from ..record.tracefile import traceback_path
 from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, INPUT_PREFIX, NAME, REQUEST_ID, SEQ
+from .digest import Digest, digest, produced_nonfinite
 from .ranks import cross_rank, rank_of
 from .ranks import render as render_verdict
 from .reader import RecoveredSpan, TraceFileContents, read_text
@@ -84,11 +84,6 @@ def _requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[s
     return None
 
 
-def produced_nonfinite(span: RecoveredSpan) -> bool:
-    """The call's output holds NaN/Inf and none of its inputs did."""
-    return any(event[0] == "nonfinite_output" for event in span.events)
-
-
 def process_of(contents: TraceFileContents) -> dict[str, Any]:
     """Who wrote a file: its pid, its global rank when known, the file."""
     return {"pid": contents.metadata.get("pid"), "rank": rank_of(contents), "file": contents.path}
@@ -129,32 +124,46 @@ def _iso(ns: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) + f".{rest // 1000:06d}"
 
 
-def build_report(contents: list[TraceFileContents], last: int = 10, hang_seconds: float = DEFAULT_HANG_SECONDS,
-                 now: int | None = None) -> dict[str, Any]:
+def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
+                 hang_seconds: float = DEFAULT_HANG_SECONDS, now: int | None = None) -> dict[str, Any]:
     """The report of the files of one or several processes (`render_text`,
-    or JSON). With ranked files, `cross_rank` is the verdict of a job's ranks
-    (`recover/ranks.py`; the job with a suspect first) and `cross_rank_jobs`
-    every job's, when the files hold several."""
+    or JSON), from their contents or their digests (recover/digest.py, what
+    `report` reads in parallel). With ranked files, `cross_rank` is the
+    verdict of a job's ranks (`recover/ranks.py`; the job with a suspect
+    first) and `cross_rank_jobs` every job's, when the files hold several."""
     now = time.time_ns() if now is None else now
-    spans: list[tuple[RecoveredSpan, TraceFileContents]] = []
-    for content in contents:
-        spans.extend((span, content) for span in content.spans)
-    spans.sort(key=lambda item: item[0].start_time)
-    by_id = {span.span_id: span for span, _ in spans}
-    kernels = [(span, source) for span, source in spans if is_kernel(span)]
+    digests = [item if isinstance(item, Digest) else digest(item, last) for item in files]
+    contents = [item.contents for item in digests]
+    by_id = {span.span_id: span for content in contents for span in content.spans}
+    # Only what is shown is sorted across files.
+    in_flight_spans, failed_spans, ended, other_in_flight, nonfinite = [], [], [], [], []
+    summary: dict[str, list] = {}  # name -> [calls, errors, in flight, total ns]
+    for item in digests:
+        content = item.contents
+        for name, row in item.summary.items():
+            total = summary.setdefault(name, [0, 0, 0, 0])
+            for index, value in enumerate(row):
+                total[index] += value
+        tail: list = []
+        for span in content.spans:
+            if NAME not in span.attributes:
+                if span.in_flight:
+                    other_in_flight.append((span, content))
+            elif span.in_flight:
+                in_flight_spans.append((span, content))
+            else:
+                tail.append(span)
+                if span.status_code == "ERROR":
+                    failed_spans.append((span, content))
+                if span.events and produced_nonfinite(span):
+                    nonfinite.append((span, content))
+        ended.extend((span, content) for span in tail[-last:] if last > 0)
+    by_start = lambda item: item[0].start_time  # noqa: E731
+    ended.sort(key=by_start)
+    first_bad = min(nonfinite, key=by_start, default=None)
     in_flight = [dict(call_summary(s, by_id, f, now), in_flight_in_dead_process=not f.live)
-                 for s, f in kernels if s.in_flight]
-    failed = [call_summary(s, by_id, f, now) for s, f in kernels if not s.in_flight and s.status_code == "ERROR"]
-    first_bad = next(((s, f) for s, f in kernels if produced_nonfinite(s)), None)
-    ended = [(s, f) for s, f in kernels if not s.in_flight]
-    summary: dict[str, dict[str, Any]] = defaultdict(lambda: {"calls": 0, "errors": 0, "in_flight": 0, "total_us": 0.0})
-    for span, _ in kernels:
-        row = summary[span.name]
-        row["calls"] += 1
-        row["errors"] += span.status_code == "ERROR" and not span.in_flight
-        row["in_flight"] += span.in_flight
-        if span.end_time is not None:
-            row["total_us"] += (span.end_time - span.start_time) / 1000
+                 for s, f in sorted(in_flight_spans, key=by_start)]
+    failed = [call_summary(s, by_id, f, now) for s, f in sorted(failed_spans, key=by_start)]
     tracebacks = {}
     for content in contents:
         text = read_text(traceback_path(content.path)).strip()
@@ -168,8 +177,8 @@ def build_report(contents: list[TraceFileContents], last: int = 10, hang_seconds
             {"path": c.path, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"), "running": c.live,
              "state": "running" if c.live else "ended" if c.exited else "died",
              "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
-             "spans": len(c.spans), "problems": c.problems}
-            for c in contents
+             "spans": item.spans, "problems": c.problems}
+            for item, c in zip(digests, contents)
         ],
         "crashed": any(call["in_flight_in_dead_process"] for call in in_flight),
         "running": any(c.live for c in contents),
@@ -178,10 +187,11 @@ def build_report(contents: list[TraceFileContents], last: int = 10, hang_seconds
         "last_calls": [call_summary(s, by_id, f, now) for s, f in ended[-last:]] if last > 0 else [],
         "first_nonfinite_output": None if first_bad is None else call_summary(first_bad[0], by_id, first_bad[1], now),
         "tracebacks": tracebacks,
-        "summary": {name: dict(row, total_us=round(row["total_us"], 1)) for name, row in sorted(summary.items())},
+        "summary": {name: {"calls": calls, "errors": errors, "in_flight": running, "total_us": round(total / 1000, 1)}
+                    for name, (calls, errors, running, total) in sorted(summary.items())},
         "in_flight_other_spans": [
             {"name": s.name, "file": f.path, "start": _iso(s.start_time), "trace_id": f"{s.trace_id:032x}"}
-            for s, f in spans if s.in_flight and not is_kernel(s)
+            for s, f in sorted(other_in_flight, key=by_start)
         ],
     }
 

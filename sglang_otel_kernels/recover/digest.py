@@ -1,0 +1,119 @@
+"""What a report needs of one file, made where the file is read.
+
+A full 16 MiB trace file holds about ninety thousand spans; a report shows a
+few of them (the calls in flight, the failed ones, the newest, the first to
+make NaN/Inf, their batches and requests), counts them all per kernel, and
+lines the ranks up by their newest collectives. A digest is that: the
+file's metadata and the spans a report shows, with the per-kernel counts of
+all of them. It is small, so the files of a job's ranks are read and
+digested in parallel processes (`read_digests`) and only the digests cross
+over: reading is what takes the time.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Callable
+
+from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, NAME
+from .reader import RecoveredSpan, TraceFileContents, TraceFileError
+
+NEWEST_PER_THREAD = 200  # kernel calls of each thread (and of each process) a timeline draws
+NEWEST_COLLECTIVES = 4096  # of each group (and point-to-point pair): enough to line ranks up and compare them
+_ANCESTRY = 64  # parent hops kept above a shown call (its batch, its request)
+
+
+@dataclasses.dataclass
+class Digest:
+    contents: TraceFileContents  # the file's metadata and the spans a report shows, in start order
+    summary: dict[str, list]  # kernel name -> [calls, failed, in flight, total ns of the ended ones]
+    spans: int  # spans in the file
+
+
+def produced_nonfinite(span: RecoveredSpan) -> bool:
+    """The call's output holds NaN/Inf and none of its inputs did."""
+    return any(event[0] == "nonfinite_output" for event in span.events)
+
+
+def digest(contents: TraceFileContents, last: int = 10) -> Digest:
+    """The digest of one file's contents; `last`: how many of its newest ended calls a report lists."""
+    keep: set[int] = set()
+    shown: list[RecoveredSpan] = []  # calls a report describes, with their batch and request
+    summary: dict[str, list] = {}
+    newest = collections.deque(maxlen=max(last, NEWEST_PER_THREAD))
+    by_thread: dict = {}
+    by_group: dict = {}
+    first_bad = None
+    for span in contents.spans:
+        attributes = span.attributes
+        if NAME not in attributes:
+            if span.in_flight:
+                keep.add(span.span_id)
+            continue
+        row = summary.get(span.name)
+        if row is None:
+            row = summary[span.name] = [0, 0, 0, 0]
+        row[0] += 1
+        newest.append(span)
+        thread = by_thread.get(span.thread_id)
+        if thread is None:
+            thread = by_thread[span.thread_id] = collections.deque(maxlen=NEWEST_PER_THREAD)
+        thread.append(span)
+        if COLLECTIVE_OP in attributes:
+            key = (attributes.get(COLLECTIVE_GROUP), attributes[COLLECTIVE_OP], attributes.get(COLLECTIVE_PEER))
+            group = by_group.get(key)
+            if group is None:
+                group = by_group[key] = collections.deque(maxlen=NEWEST_COLLECTIVES)
+            group.append(span)
+        if span.in_flight:
+            row[2] += 1
+            shown.append(span)
+            continue
+        row[3] += span.end_time - span.start_time
+        if span.status_code == "ERROR":
+            row[1] += 1
+            shown.append(span)
+        if first_bad is None and span.events and produced_nonfinite(span):
+            first_bad = span
+            shown.append(span)
+    shown.extend(newest)
+    for thread in by_thread.values():
+        shown.extend(thread)
+    for group in by_group.values():
+        keep.update(span.span_id for span in group)
+    by_id = {span.span_id: span for span in contents.spans}
+    for span in shown:
+        hops = 0
+        while span is not None and span.span_id not in keep and hops < _ANCESTRY:
+            keep.add(span.span_id)
+            span = by_id.get(span.parent_span_id)
+            hops += 1
+    kept = [span for span in contents.spans if span.span_id in keep]
+    return Digest(dataclasses.replace(contents, spans=kept), summary, len(contents.spans))
+
+
+def _read_and_digest(load: Callable, path: str, last: int) -> "list[Digest] | TraceFileError":
+    try:
+        return [digest(contents, last) for contents in load(path)]
+    except TraceFileError as exc:  # the caller says it, in the order of the files
+        return exc
+
+
+def read_digests(load: Callable, paths: list[str], last: int) -> "list[list[Digest] | TraceFileError]":
+    """Each file read by `load(path)` (a list of contents) and digested, in
+    as many processes as there are cores (one file: here); per file its
+    digests, or the TraceFileError that reading it raised."""
+    workers = min(len(paths), os.cpu_count() or 1)
+    if workers > 1:
+        try:
+            # fork: the workers have this process's modules already; nothing else runs here.
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                return list(pool.map(_read_and_digest, [load] * len(paths), paths, [last] * len(paths)))
+        except (OSError, ValueError, ImportError, RuntimeError):
+            pass  # no process pool here (no semaphores, no fork, a worker killed): one file after the other
+    return [_read_and_digest(load, path, last) for path in paths]
