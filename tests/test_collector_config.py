@@ -41,13 +41,13 @@ def test_receivers_listen_on_localhost_by_default():
     assert protocols["http"]["endpoint"] == "127.0.0.1:4318"
 
 
-def test_tail_sampling_keeps_errors_and_nonfinite_values():
+def test_tail_sampling_keeps_errors_nonfinite_values_and_hung_calls():
     config = load_collector()
     policies = {p["type"]: p for p in config["processors"]["tail_sampling"]["policies"]}
     assert policies["status_code"]["status_code"]["status_codes"] == ["ERROR"]
     flagged = [p["boolean_attribute"]["key"] for p in config["processors"]["tail_sampling"]["policies"]
                if p["type"] == "boolean_attribute"]
-    assert sorted(flagged) == ["sglang.kernel.has_inf", "sglang.kernel.has_nan"]
+    assert sorted(flagged) == ["sglang.kernel.has_inf", "sglang.kernel.has_nan", "sglang.kernel.hung"]
     assert 0 < float(policies["probabilistic"]["probabilistic"]["sampling_percentage"]) <= 100
     sampled = config["service"]["pipelines"]["traces/sampled"]
     assert "tail_sampling" in sampled["processors"] and sampled["exporters"] == ["otlp/jaeger"]

@@ -130,7 +130,9 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
     # The first producer of NaN/Inf across the files, as the report finds it.
     first_bad = min(((s.start_time, s.span_id) for c in contents for s in c.spans
                      if is_kernel(s) and produced_nonfinite(s)), default=(0, None))[1]
+    suspects = sum(len(job["suspects"]) for job in report.get("cross_rank_jobs") or ())
     verdict = ("crashed", "CRASHED: a kernel call was running when the process died") if report["crashed"] else \
+        ("crashed", f"{suspects} suspect rank(s): see the verdict of the ranks below") if suspects else \
         ("failed", f"{len(report['failed'])} failed call(s)") if report["failed"] else ("clean", "no crash, no failure")
     calls: list[str] = []
     sections = []
@@ -162,7 +164,7 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
 <style>{_STYLE}</style></head><body>
 <h1>Kernel calls before the end</h1>
 <p class="verdict {verdict[0]}">{html.escape(verdict[1])}</p>
-<p class="legend"><span style="background:#d62828"></span>in flight at the crash
+<p class="legend"><span style="background:#d62828"></span>in flight (at the crash, or running now)
 <span style="background:#f4d35e"></span>waiting in a collective
 <span style="background:#e8912d"></span>failed<span style="background:#9b59b6"></span>first NaN/Inf producer
 <span style="background:#2a9d8f"></span>collective<span style="background:#7aa6d8"></span>completed.

@@ -190,7 +190,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
         "summary": {name: {"calls": calls, "errors": errors, "in_flight": running, "total_us": round(total / 1000, 1)}
                     for name, (calls, errors, running, total) in sorted(summary.items())},
         "in_flight_other_spans": [
-            {"name": s.name, "file": f.path, "start": _iso(s.start_time), "trace_id": f"{s.trace_id:032x}"}
+            {"name": s.name, **process_of(f), "start": _iso(s.start_time), "trace_id": f"{s.trace_id:032x}"}
             for s, f in sorted(other_in_flight, key=by_start)
         ],
     }
@@ -252,9 +252,11 @@ def render_text(report: dict[str, Any]) -> str:
             out.extend(call_lines(call))
     if not report["in_flight"]:
         out.append("No kernel call was running when the file was last written (no crash inside a kernel).")
-    if report["in_flight_other_spans"]:
-        out.append("Also unfinished: " + ", ".join(
-            f"{span['name']} (trace {span['trace_id']})" for span in report["in_flight_other_spans"]))
+    by_process: dict[str, list] = {}
+    for span in report["in_flight_other_spans"]:  # the spans around the calls, per process
+        by_process.setdefault(process_text(span), []).append(f"{span['name']} (trace {span['trace_id']})")
+    for process, spans in by_process.items():
+        out.append(f"Also unfinished ({process}): " + ", ".join(spans))
     if report["failed"]:
         out += ["", f"Failed calls ({len(report['failed'])}):"]
         for call in report["failed"]:
