@@ -274,14 +274,15 @@ def group_label(group) -> tuple:
     description = getattr(group, "group_desc", "") or ""
     name = str(getattr(group, "group_name", "") or "")
     label = description if description and description != "undefined" else name or "group"
-    if _labels.setdefault(label, id(group)) != id(group):
+    if _labels.get(label, id(group)) != id(group):
         label = f"{label} ({name})"  # two groups of this process share a description
     try:
         ranks = tuple(int(rank) for rank in _dist.get_process_group_ranks(group))
     except Exception:
         ranks = ()
-    if len(_groups) < _MAX_GROUPS:
+    if len(_groups) < _MAX_GROUPS:  # a process has a few groups; one that makes them without end is not kept
         _groups[id(group)] = (group, label, ranks)
+        _labels.setdefault(label, id(group))
     return label, ranks
 
 
