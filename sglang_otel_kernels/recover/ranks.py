@@ -62,7 +62,6 @@ class RankFile:
     def __init__(self, contents: TraceFileContents, rank: int, now: int) -> None:
         self.contents = contents
         self.rank = rank
-        self.job = _job_key(contents)
         self.pid = contents.metadata.get("pid")
         self.path = contents.path
         # Running times end now for a live process, else at its last sign of life.
@@ -85,9 +84,6 @@ class RankFile:
 
     def innermost(self, spans: list[RecoveredSpan]) -> RecoveredSpan | None:
         return max(spans, key=lambda span: span.start_time, default=None)
-
-    def label(self) -> str:
-        return f"rank {self.rank}"
 
 
 def collective_key(span: RecoveredSpan, rank: int) -> tuple | None:
@@ -141,9 +137,10 @@ def _seconds_text(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
-def _iso(ns: int) -> str:
+def timestamp(ns: int, date: bool = True) -> str:
+    """Local time to the microsecond: `2026-12-01 14:03:05.123456`, or without the date."""
     seconds, rest = divmod(ns, 1_000_000_000)
-    return time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{rest // 1000:06d}"
+    return time.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S", time.localtime(seconds)) + f".{rest // 1000:06d}"
 
 
 def _op_text(span: RecoveredSpan) -> str:
@@ -322,14 +319,14 @@ class _Verdict:
         if collective is not None:
             return f"waits in {_op_text(collective)} (running {_seconds_text(rank.seconds(collective))})"
         if rank.state == "died":
-            return f"died with no call in flight (last alive at {_iso(rank.contents.last_alive)})"
+            return f"died with no call in flight (last alive at {timestamp(rank.contents.last_alive, date=False)})"
         if rank.state == "ended":
-            return f"ended normally (at {_iso(rank.contents.last_alive)})"
+            return f"ended normally (at {timestamp(rank.contents.last_alive, date=False)})"
         last = max((s.end_time or 0 for s in rank.kernels), default=0)
         since = f"; its last call ended {_seconds_text((rank.now - last) / 1e9)} ago" if last else ""
         return f"is idle (no call in flight{since})"
 
-    def _missing_text(self, missing: int, entry: dict, waiters: list[int]) -> str:
+    def _missing_text(self, entry: dict, waiters: list[int]) -> str:
         """`never entered all_reduce #5 of group tp, which ranks 0, 1, 3 wait in`."""
         live = any(self.ranks[rank].contents.live for rank in waiters if rank in self.ranks)
         verb = ("wait in" if len(waiters) > 1 else "waits in") if live else "waited in"
@@ -377,7 +374,7 @@ class _Verdict:
             for entry in missing_from.get(rank.rank, []) + failed_entries.get(rank.rank, []):
                 waiters = entry["waiting"] or entry["failed"]
                 if entry["waiting"]:
-                    parts.append(self._missing_text(rank.rank, entry, waiters))
+                    parts.append(self._missing_text(entry, waiters))
                 else:
                     parts.append(f"never entered {entry['op']} #{entry['seq']} of group {entry['group']}, "
                                  f"which {_ranks_text(waiters)} entered and failed in")
@@ -405,7 +402,7 @@ class _Verdict:
             # Collectives first, then sends it never received: what a reader looks for first.
             entries = sorted(entries, key=lambda e: ("source" in e, e["op"] not in SENDS, -e["seconds"]))
             entry = entries[0]
-            missing = "; it ".join(self._missing_text(rank.rank, e, e["waiting"]) for e in entries[:3])
+            missing = "; it ".join(self._missing_text(e, e["waiting"]) for e in entries[:3])
             behind = rank.innermost([s for s in rank.in_flight if s.attributes.get(GROUP) == entry["group"]
                                      and s.attributes.get(OP) not in SENDS + RECVS])
             mismatch = behind is not None and mismatched_ranks.get((entry["group"], behind.attributes.get(SEQ), rank.rank))

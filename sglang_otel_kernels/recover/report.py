@@ -11,7 +11,7 @@ from ..config import DEFAULT_HANG_SECONDS
 from ..record.tracefile import traceback_path
 from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, INPUT_PREFIX, NAME, REQUEST_ID, SEQ
 from .digest import Digest, digest, produced_nonfinite
-from .ranks import cross_rank, rank_of
+from .ranks import cross_rank, rank_of, timestamp
 from .ranks import render as render_verdict
 from .reader import RecoveredSpan, TraceFileContents, read_text
 
@@ -103,7 +103,7 @@ def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents:
         "name": span.name,
         **process_of(contents),
         "thread": span.thread_name or str(span.thread_id),
-        "start": _iso(span.start_time),
+        "start": timestamp(span.start_time),
         "duration_us": None if span.end_time is None else round((span.end_time - span.start_time) / 1000, 1),
         "seconds": seconds,
         "status": span.status_code,
@@ -117,11 +117,6 @@ def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents:
         "trace_id": f"{span.trace_id:032x}",
         "span_id": f"{span.span_id:016x}",
     }
-
-
-def _iso(ns: int) -> str:
-    seconds, rest = divmod(ns, 1_000_000_000)
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) + f".{rest // 1000:06d}"
 
 
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
@@ -190,7 +185,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
         "summary": {name: {"calls": calls, "errors": errors, "in_flight": running, "total_us": round(total / 1000, 1)}
                     for name, (calls, errors, running, total) in sorted(summary.items())},
         "in_flight_other_spans": [
-            {"name": s.name, **process_of(f), "start": _iso(s.start_time), "trace_id": f"{s.trace_id:032x}"}
+            {"name": s.name, **process_of(f), "start": timestamp(s.start_time), "trace_id": f"{s.trace_id:032x}"}
             for s, f in sorted(other_in_flight, key=by_start)
         ],
     }
