@@ -25,6 +25,7 @@ import functools
 import inspect
 import itertools
 import os
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -258,7 +259,7 @@ def global_rank(global_value, group_value, ranks: tuple):
 # -- torch.distributed --------------------------------------------------------
 
 _dist = None  # torch.distributed, once install() found it available
-_groups: dict = {}  # id(group) -> (group, label, global ranks)
+_groups: dict = {}  # id(group) -> (a weak reference to it, its label, its members' global ranks)
 _MAX_GROUPS = 4096
 _labels: dict = {}  # label -> id(group) of the group that has it
 _rendezvous: dict = {}  # what init_process_group was given
@@ -269,7 +270,7 @@ def group_label(group) -> tuple:
     """(label, global ranks) of a process group: its description (`tp:device`,
     `default_pg`), else its name, which torch makes the same on every rank."""
     info = _groups.get(id(group))
-    if info is not None and info[0] is group:
+    if info is not None and info[0]() is group:
         return info[1], info[2]
     description = getattr(group, "group_desc", "") or ""
     name = str(getattr(group, "group_name", "") or "")
@@ -281,8 +282,11 @@ def group_label(group) -> tuple:
     except Exception:
         ranks = ()
     if len(_groups) < _MAX_GROUPS:  # a process has a few groups; one that makes them without end is not kept
-        _groups[id(group)] = (group, label, ranks)
-        _labels.setdefault(label, id(group))
+        try:
+            _groups[id(group)] = (weakref.ref(group), label, ranks)  # never what keeps a group alive
+            _labels.setdefault(label, id(group))
+        except TypeError:
+            pass  # a group type without weak references: looked up again on each call
     return label, ranks
 
 
