@@ -27,13 +27,11 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import statistics
-import sys
 import tempfile
 
 import torch
 import torch.distributed as dist
-from overhead import per_call_us, timing_options
+from overhead import per_call_us, rounds_table, timing_options
 
 import sglang_otel_kernels as sok
 
@@ -62,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{rendezvous}", rank=0, world_size=1)
 
     from sglang_otel_kernels.capture.collectives import SPECS, TorchCollective
-    from sglang_otel_kernels.capture.decorator import wrap_collective
+    from sglang_otel_kernels.capture.decorator import wrap_hooked
 
     kernel = sok.debug_kernel_api(op_name="bench.kernel")(noop)
-    collective = wrap_collective(all_reduce_shaped, "torch.distributed.all_reduce",
+    collective = wrap_hooked(all_reduce_shaped, "torch.distributed.all_reduce",
                                  TorchCollective(SPECS["all_reduce"], all_reduce_shaped))
-    point_to_point = wrap_collective(send_shaped, "torch.distributed.send", TorchCollective(SPECS["send"], send_shaped))
+    point_to_point = wrap_hooked(send_shaped, "torch.distributed.send", TorchCollective(SPECS["send"], send_shaped))
     x = torch.ones(4, 4096)
     run = lambda fn, *args: per_call_us(fn, args, {}, options.calls, options.repeats)  # noqa: E731
 
@@ -78,17 +76,10 @@ def main(argv: list[str] | None = None) -> int:
                 ("send-shaped no-op, bare", run(send_shaped, x, 0)),
                 ("send-shaped no-op, recorded", run(point_to_point, x, 0))]
 
-    rounds = [one_round() for _ in range(options.rounds)]
+    us = rounds_table(one_round, options)
     dist.destroy_process_group()
     sok.configure(level=0, trace_file="off")
     shutil.rmtree(directory, ignore_errors=True)
-    rows = [(label, statistics.median(r[i][1] for r in rounds)) for i, (label, _) in enumerate(rounds[0])]
-    us = dict(rows)
-    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {options.calls} calls x {options.repeats} "
-          f"repeats, median of {options.rounds} rounds")
-    print(f"{'call':42s} {'us/call':>9s}")
-    for label, value in rows:
-        print(f"{label:42s} {value:9.2f}")
     span = us["no-op, level-1 kernel span"] - us["no-op, bare"]
     collective_cost = us["all_reduce-shaped no-op, recorded"] - us["all_reduce-shaped no-op, bare"]
     p2p = us["send-shaped no-op, recorded"] - us["send-shaped no-op, bare"]

@@ -20,11 +20,16 @@ JSON summary with what the README claims beside what was measured:
   level10    a failing CUDA call dumped in one child, re-run in another; after the dump limit a
              call with a 1 GiB input makes no copy
   decode     a decode-like step of 32 bf16 layers at levels 0, 1, 3, 5 and the black box
+  graphs     a CUDA graph of a 4-layer bf16 stack of decorated kernels: its call list in the trace
+             file, 1000 replays timed bare and recorded (goal: the replay span at most 2 us), the
+             level-5 output check flagging a replay that made NaN; a child killed while a graph
+             holding torch.cuda._sleep runs: the report lists the graph's kernels
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -53,12 +58,26 @@ def need_cuda() -> None:
         raise Skip("no CUDA device")
 
 
-def child(script: str, directory: str, timeout: float = CHILD_TIMEOUT_S, **env: str) -> subprocess.CompletedProcess:
+def _child_env(**env: str) -> dict:
     settings = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_KERNEL_API")}
     settings["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     settings.update(env)
-    return subprocess.run([sys.executable, "-c", script], cwd=directory, env=settings, capture_output=True,
+    return settings
+
+
+def child(script: str, directory: str, timeout: float = CHILD_TIMEOUT_S, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", script], cwd=directory, env=_child_env(**env), capture_output=True,
                           text=True, timeout=timeout)
+
+
+def killed_child(script: str, trace_file: str, level: str, after_s: float) -> None:
+    """`script` run at `level` into `trace_file`, killed by SIGKILL `after_s` after its first line."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=_child_env(
+        SGLANG_KERNEL_API_LOGLEVEL=level, SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_TRACEFILE=trace_file))
+    proc.stdout.readline()
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=CHILD_TIMEOUT_S)
 
 
 def recorded(**settings):
@@ -164,7 +183,7 @@ def stats(directory: str) -> dict:
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.randn((1 << 30) // torch.finfo(dtype).bits * 8, device="cuda", dtype=dtype)
         info = describe_tensor(x)
-        base = _cuda_ms(lambda: torch.aminmax(x))
+        base = _cuda_ms(functools.partial(torch.aminmax, x))
         ours = _cuda_ms(lambda: fill_statistics([info]))
         result[f"1 GiB {dtype}"] = {"aminmax_ms": round(base, 3), "statistics_ms": round(ours, 3),
                                     "ratio": round(ours / base, 2)}
@@ -266,14 +285,7 @@ def in_flight(directory: str) -> dict:
     from sglang_otel_kernels import read_trace_file
 
     path = os.path.join(directory, "sleep.sgltrace")
-    settings = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_KERNEL_API")}
-    settings.update(PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-                    SGLANG_KERNEL_API_LOGLEVEL="5", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_TRACEFILE=path)
-    proc = subprocess.Popen([sys.executable, "-c", CHILD_SLEEP], env=settings, stdout=subprocess.PIPE, text=True)
-    proc.stdout.readline()
-    time.sleep(5)  # in the kernel (or in the statistics' synchronisation after it)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=CHILD_TIMEOUT_S)
+    killed_child(CHILD_SLEEP, path, "5", 5)  # in the kernel (or in the statistics' synchronisation after it)
     spans = read_trace_file(path).spans
     return {"claim": "the call in flight, with its inputs, after SIGKILL",
             "in flight": [(s.name, s.attributes.get("sglang.kernel.input.arg0.shape")) for s in spans if s.in_flight]}
@@ -326,18 +338,28 @@ def level10(directory: str) -> dict:
 
 # -- decode -----------------------------------------------------------------------
 
-CHILD_DECODE = r"""
-import statistics, sys, time, torch, sglang_otel_kernels as sok
-layers = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(32)]
+# A stack of bf16 layers (LAYERS of HIDDEN), each one `kernel` call, and `step()` through them.
+STACK = r"""
+import json, os, statistics, sys, time, torch, sglang_otel_kernels as sok
+layers = [torch.randn(HIDDEN, HIDDEN, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(LAYERS)]
 def layer(x, w):
     return torch.nn.functional.silu(x @ w)
-kernel = layer if sys.argv[1] == "0" else sok.debug_kernel_api(op_name="sglang.custom_op.layer")(layer)
-x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+kernel = layer if os.environ["SGLANG_KERNEL_API_LOGLEVEL"] == "0" else \
+    sok.debug_kernel_api(op_name="sglang.custom_op.layer")(layer)
+x = torch.randn(8, HIDDEN, device="cuda", dtype=torch.bfloat16)
 def step():
     h = x
     for w in layers:
         h = kernel(h, w)
     return h
+"""
+
+
+def stack(layers: int, hidden: int) -> str:
+    return STACK.replace("LAYERS", str(layers)).replace("HIDDEN", str(hidden))
+
+
+CHILD_DECODE = stack(32, 4096) + r"""
 for _ in range(5): step()
 torch.cuda.synchronize()
 samples = []
@@ -371,8 +393,102 @@ def decode(directory: str) -> dict:
     return result
 
 
+# -- graphs -----------------------------------------------------------------------
+
+CHILD_GRAPH = stack(4, 1024) + r"""
+stream = torch.cuda.Stream()
+stream.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(stream):
+    for _ in range(3):
+        step()
+torch.cuda.current_stream().wait_stream(stream)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    out = step()
+sok.watch_graph_outputs(graph, out)
+recorded = graph.replay
+bare = getattr(torch.cuda.CUDAGraph.replay, "__wrapped__", None)
+def per_replay_us(fn, *args):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(1000):
+        fn(*args)
+    launched = time.perf_counter()
+    torch.cuda.synchronize()
+    return (launched - start) * 1e3, (time.perf_counter() - start) * 1e3
+result = {}
+if bare is not None:
+    rows = {"bare": [], "recorded": []}
+    for _ in range(5):
+        rows["bare"].append(per_replay_us(bare, graph))
+        rows["recorded"].append(per_replay_us(recorded))
+    for key, samples in rows.items():
+        result[key + " launch us"] = round(statistics.median(s[0] for s in samples), 2)
+        result[key + " with the GPU us"] = round(statistics.median(s[1] for s in samples), 2)
+    result["replay span us (launch)"] = round(result["recorded launch us"] - result["bare launch us"], 2)
+x.fill_(float("nan"))
+graph.replay()
+torch.cuda.synchronize()
+print(json.dumps(result), flush=True)
+"""
+
+CHILD_GRAPH_SLEEP = r"""
+import torch, sglang_otel_kernels as sok
+layer = sok.debug_kernel_api(op_name="sglang.custom_op.layer")(lambda x, w: torch.nn.functional.silu(x @ w))
+sleep = sok.debug_kernel_api(op_name="sglang.custom_op.long_kernel")(lambda x: torch.cuda._sleep(10**10) or x)
+x, w = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16), torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+stream = torch.cuda.Stream()  # cuBLAS warmed up on a side stream, as before any capture; the sleep is not run
+stream.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(stream):
+    layer(x, w)
+torch.cuda.synchronize()
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    out = layer(sleep(layer(x, w)), w)
+graph.replay()
+print("replayed", flush=True)
+torch.cuda.synchronize()  # where a process waits on a hung graph
+"""
+
+
+def graphs(directory: str) -> dict:
+    need_cuda()
+    from sglang_otel_kernels import read_trace_file
+    from sglang_otel_kernels.recover.report import build_report, render_text
+
+    result: dict = {"claim": "the call list kept; a replay span at most 2 us over a bare replay; NaN made inside "
+                             "the graph flags its replay; a child killed during a replay: the report lists its kernels"}
+    for level, check in (("1", "0"), ("5", "1")):
+        path = os.path.join(directory, f"graph_{level}.sgltrace")
+        proc = child(CHILD_GRAPH, directory, SGLANG_KERNEL_API_LOGLEVEL=level, SGLANG_KERNEL_API_LOGDEST="off",
+                     SGLANG_KERNEL_API_TRACEFILE=path, SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK=check)
+        if proc.returncode != 0:
+            result[f"level {level}"] = f"FAILED: {proc.stderr.strip()[-400:]}"
+            continue
+        contents = read_trace_file(path)
+        replays = [s for s in contents.spans if s.name == "cuda_graph.replay"]
+        result[f"level {level}"] = {
+            **json.loads(proc.stdout.strip().splitlines()[-1]),
+            "graphs": {str(gid): [name for name, _, _ in calls] for gid, (calls, _) in contents.graphs.items()},
+            "captured positions": [s.attributes.get("sglang.cuda_graph.position") for s in contents.spans
+                                   if s.attributes.get("sglang.cuda_graph.position")],
+            "replay spans": len(replays),
+            "last replay": {k: v for k, v in replays[-1].attributes.items() if k != "sglang.kernel.name"}
+            if replays else None,
+        }
+    path = os.path.join(directory, "graph_sleep.sgltrace")
+    killed_child(CHILD_GRAPH_SLEEP, path, "1", 3)  # the graph's sleep kernel runs about 5 s
+    report = build_report([read_trace_file(path)], last=3)
+    result["killed during a replay"] = {
+        "replay at death": [(c["graph"]["id"], c["graph"]["replay"], [k["name"] for k in c["graph"]["calls"]])
+                            for c in report["graph_replay_at_death"]],
+        "report": render_text(report)[:1500],
+    }
+    return result
+
+
 SECTIONS = {"syncs": syncs, "stats": stats, "capture": capture, "assert": device_assert, "in_flight": in_flight,
-            "level10": level10, "decode": decode}
+            "level10": level10, "decode": decode, "graphs": graphs}
 
 
 def fetch_wheels(folder: str) -> int:

@@ -97,6 +97,19 @@ def timing_options(description: str, argv: list[str] | None) -> argparse.Namespa
     return parser.parse_args(argv)
 
 
+def rounds_table(one_round, options: argparse.Namespace) -> dict[str, float]:
+    """`one_round()` (a list of (label, us per call)) run `--rounds` times;
+    each row printed as its median over the rounds, and returned by label."""
+    rounds = [one_round() for _ in range(options.rounds)]
+    rows = [(label, statistics.median(r[i][1] for r in rounds)) for i, (label, _) in enumerate(rounds[0])]
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {options.calls} calls x {options.repeats} "
+          f"repeats, median of {options.rounds} rounds")
+    print(f"{'call':42s} {'us/call':>9s}")
+    for label, value in rows:
+        print(f"{label:42s} {value:9.2f}")
+    return dict(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     options = timing_options(__doc__, argv)
 

@@ -30,6 +30,7 @@ from .recover.reader import RecoveredSpan, TraceFileContents, TraceFileError, re
 if TYPE_CHECKING:
     from .capture.decorator import debug_kernel_api, debug_torch_op, wrap_method_with_debug_kernel_once
     from .capture.ops import instrument_namespace, register_kernel_op, register_kernel_op_from_extern
+    from .capture.graphs import watch_graph_outputs
     from .capture.requests import extract, forward_batch, inject
 
 # name -> module under capture/, loaded on first use (they import torch)
@@ -43,6 +44,7 @@ _CAPTURE = {
     "register_kernel_op": "ops",
     "register_kernel_op_from_extern": "ops",
     "instrument_namespace": "ops",
+    "watch_graph_outputs": "graphs",
 }
 
 
@@ -99,5 +101,6 @@ __all__ = [
     "register_kernel_op",
     "register_kernel_op_from_extern",
     "trace_file_path",
+    "watch_graph_outputs",
     "wrap_method_with_debug_kernel_once",
 ]

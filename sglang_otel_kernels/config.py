@@ -71,6 +71,10 @@ class KernelTraceConfig:
         torch.distributed (and SGLang's GroupCoordinator) as kernel spans
         with their group, per-group sequence number and tensor shapes, so a
         report can line the ranks up.
+    graph_output_check: at level 5, after each replay of a CUDA graph whose
+        outputs are known (`watch_graph_outputs`, SGLang's runners), one
+        reduction over them flags the replay's span has_nan / has_inf (a
+        synchronisation per replay).
     hang_seconds: a kernel call in flight longer than this is exported by
         the sidecar while the process still runs, marked hung, and the
         report calls a collective waited on longer than this a hang; 0 turns
@@ -94,6 +98,7 @@ class KernelTraceConfig:
     dump_max_count: int = DEFAULT_DUMP_MAX_COUNT
     export_sidecar: "bool | str" = True
     collectives: bool = True
+    graph_output_check: bool = False
     hang_seconds: float = DEFAULT_HANG_SECONDS
 
 
@@ -223,6 +228,7 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         dump_max_count=_from_env(environ, "SGLANG_KERNEL_API_DUMP_MAX_COUNT", parse_count, DEFAULT_DUMP_MAX_COUNT),
         export_sidecar=_from_env(environ, "SGLANG_KERNEL_API_EXPORT_SIDECAR", parse_sidecar, True),
         collectives=_from_env(environ, "SGLANG_KERNEL_API_COLLECTIVES", parse_flag, True),
+        graph_output_check=_from_env(environ, "SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK", parse_flag, False),
         hang_seconds=_from_env(environ, "SGLANG_KERNEL_API_HANG_SECONDS", parse_seconds, DEFAULT_HANG_SECONDS),
     )
 
@@ -268,6 +274,7 @@ def configure(
     dump_max_count: int | None = None,
     export_sidecar: "bool | str | None" = None,
     collectives: bool | None = None,
+    graph_output_check: bool | None = None,
     hang_seconds: float | None = None,
 ) -> KernelTraceConfig:
     """Change the settings in code; arguments left out keep their value
@@ -331,6 +338,8 @@ def configure(
         changes["export_sidecar"] = export_sidecar if export_sidecar == KERNELS else bool(export_sidecar)
     if collectives is not None:
         changes["collectives"] = bool(collectives)
+    if graph_output_check is not None:
+        changes["graph_output_check"] = bool(graph_output_check)
     if hang_seconds is not None:
         if isinstance(hang_seconds, bool) or not isinstance(hang_seconds, (int, float)):
             raise ValueError(f"hang_seconds must be a number of seconds; got {hang_seconds!r}")

@@ -41,6 +41,16 @@ COLLECTIVE_FIELDS = (COLLECTIVE_OP, COLLECTIVE_GROUP, COLLECTIVE_GROUP_RANKS, CO
 SENDS = ("send", "isend")
 RECVS = ("recv", "irecv")
 
+# CUDA graphs (capture/graphs.py).
+REPLAY_NAME = "cuda_graph.replay"  # the span of one CUDAGraph.replay()
+GRAPH_ID = "sglang.cuda_graph.id"  # on a replay and on each call captured into the graph
+GRAPH_POSITION = "sglang.cuda_graph.position"  # a captured call's place in its graph, from 1
+GRAPH_CALLS = "sglang.cuda_graph.calls"  # on a replay: how many calls the graph captured
+GRAPH_REPLAY = "sglang.cuda_graph.replay"  # on a replay: its number among the graph's replays, from 1
+GRAPH_CAPTURED = "sglang.cuda_graph.captured"  # on a replay in flight: its graph's calls, "name (shapes)"
+GRAPH_SUSPECT = "sglang.cuda_graph.suspect"  # on a call that met a device error: "graph 3, replay 17", the newest replay before
+FORWARD_MODE = "sglang.forward_mode"  # the SGLang integration: DECODE, EXTEND, ...
+
 BATCH_SIZE = "sglang.batch.size"
 BATCH_REQUEST_IDS = "sglang.batch.request_ids"
 BATCH_UNTRACED = "sglang.batch.untraced_requests"

@@ -198,3 +198,36 @@ def test_sglangs_group_coordinator_collectives_and_ranks_name_the_stuck_rank(sgl
         for process in ranks:
             process.kill()
             process.communicate(timeout=60)
+
+
+@pytest.mark.parametrize("ending", ["exit", "kill"])
+def test_sglangs_graph_runner_replays_carry_their_batch_and_a_crash_names_the_graphs_kernels(sglang_site, tmp_path,
+                                                                                              ending):
+    """SGLang's own DecodeCudaGraphRunner.execute and FullCudaGraphBackend.replay
+    replay a graph (a stand-in: CUDA graphs need a GPU) under the run
+    launcher: each replay is a span with the batch's size, forward mode and
+    requests; killed inside the third, the report lists the graph's kernels."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "OTEL_"))}
+    env.update(PYTHONPATH=os.pathsep.join([sglang_site, ROOT]), SGLANG_KERNEL_API_LOGDEST="off",
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"))
+    proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "run", "--level", "1", "--", sys.executable,
+                           os.path.join(TESTS, "sglang_graph_parts.py"), "3", *(["kill"] if ending == "kill" else [])],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == (-9 if ending == "kill" else 0), proc.stderr[-3000:]
+    [path] = tmp_path.glob("trace_*.sgltrace")
+    replays = [s for s in sok.read_trace(path) if s.name == "cuda_graph.replay"]
+    assert [s.attributes["sglang.cuda_graph.replay"] for s in replays] == [1, 2, 3]
+    for replay in replays:
+        assert (replay.attributes["sglang.batch.size"], replay.attributes["sglang.forward_mode"],
+                replay.attributes["sglang.batch.request_ids"]) == (2, "DECODE", ("rid-a", "rid-b"))
+        assert replay.attributes["sglang.cuda_graph.calls"] == 2
+    assert replays[-1].in_flight is (ending == "kill")
+    if ending == "kill":
+        report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(path)],
+                                capture_output=True, text=True, timeout=120)
+        assert report.returncode == 1, report.stderr
+        crashed = report.stdout.split("CRASHED: 1 kernel call(s) were running when the process died:\n")[1]
+        assert ("    replay 3 of CUDA graph 1 (DECODE, batch of 2): one of these 2 captured kernels:\n"
+                "      1. sglang_graph_parts.rmsnorm  (2, 8), (8,)  torch.float32, torch.float32\n"
+                "      2. sglang_graph_parts.lm_head  (2, 8), (8, 16)  torch.float32, torch.float32\n"
+                "    batch cuda_graph.replay: requests rid-a, rid-b") in crashed

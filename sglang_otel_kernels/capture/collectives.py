@@ -188,13 +188,14 @@ class Collective:
             tensor_fields(Parameters.value(args, kwargs, slot), shapes, dtypes)
         return shapes, dtypes
 
-    def __call__(self, args: tuple, kwargs: dict, _state=per_thread) -> "dict | None":
+    def __call__(self, args: tuple, kwargs: dict, _state=per_thread) -> "tuple | None":
+        """The decorator's `Before` hook (capture/decorator.py)."""
         try:
             call = _state.state[CALL]
             if call is not None and call[FLAGS] & FLAG_COLLECTIVE:
                 return None  # inside a recorded collective: that one stands for this call
             group = self.group(args, kwargs)
-            return None if group is None else self._attributes(args, kwargs, *group)
+            return None if group is None else (self._attributes(args, kwargs, *group), FLAG_COLLECTIVE, None)
         except Exception as exc:
             warn_failed_once(f"recording the collective {self.op}", exc, "; the call goes on unrecorded")
             return None
@@ -377,7 +378,7 @@ def install() -> Instrumentation | None:
 
     if not dist.is_available():
         return None
-    from .decorator import wrap_collective
+    from .decorator import wrap_hooked
 
     _dist = dist
     handle = Instrumentation("torch.distributed collectives")
@@ -386,7 +387,7 @@ def install() -> Instrumentation | None:
         original = getattr(module, op, None)
         if original is None:
             continue  # an op this torch release lacks
-        recorded = wrap_collective(original, f"torch.distributed.{op}", TorchCollective(SPECS[op], original))
+        recorded = wrap_hooked(original, f"torch.distributed.{op}", TorchCollective(SPECS[op], original))
         for owner in (module, dist):
             if getattr(owner, op, None) is original:
                 handle.add(Patch(owner, op, recorded))

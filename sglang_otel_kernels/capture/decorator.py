@@ -31,7 +31,6 @@ from ..record.processor import set_writer
 from ..record.setup import make_writer
 from ..record.spans import KernelSpans, call_context, parent_context, unwind
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
-from ..record.tracefile import FLAG_COLLECTIVE
 from .guards import is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
 
@@ -78,6 +77,16 @@ _call_numbers = itertools.count(1)
 _device_fault: str | None = None
 _ASYNC_NOTE = ("an asynchronous device error: it may come from any kernel launched since the last "
                "synchronisation")
+
+
+def _statistics(infos: list) -> "BaseException | None":
+    """Level-5 statistics of `infos`; the device error their transfer met,
+    if any. A transfer that met none clears the CUDA graph replay that a
+    later device error would have been blamed on."""
+    fault = fill_statistics(infos)
+    if fault is None and graphs.pending() and any(info.stats is not None and info.device != "cpu" for info in infos):
+        graphs.healthy()
+    return fault
 
 
 def _saw_device_fault(where: str) -> None:
@@ -193,7 +202,7 @@ class KernelSite:
                     _attrs.add_value(attrs, path, node, False, nonfinite)
             span = spans.start(self.name, self.level, seq, attrs, kind_flags)
         if self.with_stats and entries:
-            if fill_statistics(tensors_in([node for _, _, node in entries])) is not None:
+            if _statistics(tensors_in([node for _, _, node in entries])) is not None:
                 _saw_device_fault(f"before {self.name} (call {seq}) ran, so from earlier work")
         if runtime.text.enabled:
             lines = call_header(self.name)
@@ -251,7 +260,9 @@ class KernelSite:
         attrs[schema.HAS_NAN] = any(attrs.get(schema.PREFIX + p + ".has_nan", False) for p in nonfinite)
         attrs[schema.HAS_INF] = any(attrs.get(schema.PREFIX + p + ".has_inf", False) for p in nonfinite)
 
-    def finish(self, call: _Call | None, result: Any) -> None:
+    def finish(self, call: _Call | None, result: Any, hooked: "tuple | None" = None) -> None:
+        """Ends a call that returned `result`; `hooked`: what an `After` hook
+        added to it (attributes, a device error)."""
         if call is None:
             return
         span, _, _, dump = call
@@ -264,7 +275,7 @@ class KernelSite:
             if self.with_args and runtime.describes_arguments:
                 node = describe(result)
                 if self.with_stats:
-                    fault = fill_statistics(tensors_in([node]))
+                    fault = _statistics(tensors_in([node]))
                 if runtime.text.enabled:
                     lines = [f"Dumped outputs to: {dump}"] if dumped else []
                     runtime.text.write_lines(lines + section_lines("Output:", [("return", node)], self.with_stats))
@@ -272,11 +283,19 @@ class KernelSite:
                     added, events = self._output(call, node)
         except Exception as exc:
             _warn_once(f"recording the result of {self.name}", exc)
+        if hooked is not None:
+            more, hook_fault = hooked
+            added = {**(added or {}), **(more or {})} or None
+            fault = fault or hook_fault
         if fault is not None:
             # Seen at the synchronisation right after this call: this call, or one launched before it.
             earlier = _device_fault
+            graph = graphs.suspect()
             _saw_device_fault(f"after {self.name} ran")
             note = _ASYNC_NOTE + (f"; first seen {earlier}" if earlier else "; seen by the recorder after this call")
+            if graph is not None and not earlier:
+                note += f"; {graph[0]}"
+                added = {**(added or {}), **graph[1]}
         if span is not None:
             try:
                 if fault is not None:
@@ -317,33 +336,57 @@ class KernelSite:
         except Exception as inner:
             _warn_once(f"logging the exception of {self.name}", inner)
         if span is not None:
-            note = ""
+            note, added = "", None
             if _device_fault is not None and is_device_error(exc):
                 note = f"a sticky device error, first seen {_device_fault}: not necessarily this call's"
+            elif is_device_error(exc):
+                graph = graphs.suspect()  # an asynchronous error seen first here: the newest replay comes first
+                if graph is not None:
+                    _saw_device_fault(f"in {self.name}, after {graph[1][schema.GRAPH_SUSPECT]}")
+                    note, added = _ASYNC_NOTE + f"; {graph[0]}", graph[1]
             try:
-                runtime.spans.fail(span, exc, note)
+                runtime.spans.fail(span, exc, note, added)
             except Exception as inner:
                 _warn_once(f"recording the exception of {self.name}", inner)
 
 
-def _wrap(func: F, name: str, level: int, collective: Callable[[tuple, dict], dict | None] | None = None) -> F:
-    """The recorded version of `func`. With `collective` (see
-    capture/collectives.py), each call's attributes come from it first, at
-    every level; it answers None for a call that is not to be recorded."""
+# A hook that sees a call before it runs (capture/collectives.py, graphs.py):
+# (attributes, trace-file flags, call number or None for the next one), or
+# None for a call not to record; and one after it: None, or (attributes
+# added at its end, a device error the hook's own synchronisation met).
+# Hooks run on every call, unguarded: each catches its own errors.
+Before = Callable[[tuple, dict], "tuple | None"]
+After = Callable[[tuple, "tuple | None", Any], "tuple | None"]
+# How many CUDA graphs are being captured now (capture/graphs.py): while
+# any is, each call is marked with its graph and joins its call list.
+_capturing = 0
+
+
+def capturing(delta: int) -> None:
+    global _capturing
+    _capturing += delta
+
+
+def _wrap(func: F, name: str, level: int, before: Before | None = None, after: After | None = None) -> F:
+    """The recorded version of `func`, optionally with hooks (see `Before`, `After`)."""
     site = KernelSite(func, name, level)
-    kind_flags = FLAG_COLLECTIVE if collective is not None else 0
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             return func(*args, **kwargs)
-        extra = None
-        if collective is not None:
-            extra = collective(args, kwargs)
-            if extra is None:
+        if before is None:
+            extra, kind_flags, seq = None, 0, next(_call_numbers)
+        else:
+            hooked = before(args, kwargs)
+            if hooked is None:
                 return func(*args, **kwargs)
+            extra, kind_flags, seq = hooked
+            if seq is None:
+                seq = next(_call_numbers)
+        if _capturing:
+            extra = graphs.captured(name, args, kwargs, extra)
         runtime = _runtime
-        seq = next(_call_numbers)
         # The outer handler costs nothing until an exception passes (an
         # exception table): see spans.unwind.
         try:
@@ -361,6 +404,11 @@ def _wrap(func: F, name: str, level: int, collective: Callable[[tuple, dict], di
                 except BaseException as exc:
                     site.fail((span, None, None, None), exc)
                     raise
+                if after is not None:
+                    hooked = after(args, span, result)
+                    if hooked is not None:  # attributes or a device error for the end
+                        site.finish((span, None, None, None), result, hooked)
+                        return result
                 try:
                     spans.end(span)
                 except Exception as exc:
@@ -372,7 +420,7 @@ def _wrap(func: F, name: str, level: int, collective: Callable[[tuple, dict], di
             except BaseException as exc:
                 site.fail(call, exc)
                 raise
-            site.finish(call, result)
+            site.finish(call, result, after(args, call and call[0], result) if after else None)
             return result
         except BaseException as exc:
             unwind(seq, exc, _runtime.spans)
@@ -382,11 +430,10 @@ def _wrap(func: F, name: str, level: int, collective: Callable[[tuple, dict], di
     return wrapper  # type: ignore[return-value]
 
 
-def wrap_collective(func: F, name: str, collective: Callable[[tuple, dict], dict | None]) -> F:
-    """`func` recorded as a collective named `name` at the level in force
-    (capture/collectives.py): `collective(args, kwargs)` gives each call's
-    attributes, None for a call not to record."""
-    return _wrap(func, name, _config.get_config().level, collective)
+def wrap_hooked(func: F, name: str, before: Before, after: After | None = None) -> F:
+    """`func` recorded as `name` at the level in force, with hooks (a
+    collective, a CUDA graph's replay)."""
+    return _wrap(func, name, _config.get_config().level, before, after)
 
 
 @overload
@@ -440,8 +487,10 @@ def wrap_method_with_debug_kernel_once(
     return obj
 
 
-# torch.distributed's collectives are recorded with this module's wrapper
-# while the level is above 0 (capture/collectives.py), from now on.
+# torch.distributed's collectives and CUDA graphs are recorded with this
+# module's wrapper while the level is above 0, from now on.
+from . import graphs  # noqa: E402
 from .collectives import follow_config  # noqa: E402
 
 follow_config(_config.get_config())
+graphs.follow_config(_config.get_config())

@@ -31,12 +31,17 @@ from typing import Any, Callable
 from .. import config as _config
 from ..capture import import_hooks
 from ..capture.patches import Instrumentation, Patch
-from ..notices import warn
+from ..notices import warn, warn_failed_once
 
 LOGGING_MODULE = "sglang.kernels.kernel_api_logging"
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 PARALLEL_STATE_MODULE = "sglang.srt.distributed.parallel_state"
 RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
+# SGLang's CUDA graph runners (0.5.23) and the backend that captures and replays their graphs.
+GRAPH_RUNNERS = {"sglang.srt.model_executor.runner.decode_cuda_graph_runner": "DecodeCudaGraphRunner",
+                 "sglang.srt.model_executor.runner.prefill_cuda_graph_runner": "PrefillCudaGraphRunner"}
+GRAPH_BACKEND_MODULE = "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend"
+MAX_REPLAY_REQUESTS = 64  # request ids a replay's span names (its batch span names them all)
 NAMES = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
 BATCH_SPAN = "sglang.forward_batch"
 LOGDEST = "SGLANG_KERNEL_API_LOGDEST"
@@ -58,6 +63,9 @@ def install() -> Instrumentation:
     handle.on_undo(import_hooks.when_imported(LOGGING_MODULE, functools.partial(_patch_logging, handle)))
     handle.on_undo(import_hooks.when_imported(SCHEDULER_MODULE, functools.partial(_patch_scheduler, handle)))
     handle.on_undo(import_hooks.when_imported(PARALLEL_STATE_MODULE, functools.partial(_patch_coordinator, handle)))
+    for module, runner in GRAPH_RUNNERS.items():
+        handle.on_undo(import_hooks.when_imported(module, functools.partial(_patch_runner, handle, runner)))
+    handle.on_undo(import_hooks.when_imported(GRAPH_BACKEND_MODULE, functools.partial(_patch_graph_backend, handle)))
     _installed = handle
     return handle
 
@@ -183,6 +191,55 @@ def _patch_coordinator(handle: Instrumentation, module: Any) -> None:
     from .sglang_collectives import record_coordinator  # needs torch, imported by now
 
     record_coordinator(coordinator, handle)
+
+
+def _patch_runner(handle: Instrumentation, name: str, module: Any) -> None:
+    """A graph runner's `execute(forward_batch)`: the replays it makes carry
+    the batch's size, forward mode and requests."""
+    runner = getattr(module, name, None)
+    original = vars(runner).get("execute") if runner is not None else None
+    if original is None or _config.get_config().level == 0:
+        return
+    from ..capture.graphs import replay_attributes  # needs torch, imported by now
+    from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, FORWARD_MODE
+
+    @functools.wraps(original)
+    def execute(self, forward_batch, *args, **kwargs):
+        try:
+            mode = getattr(getattr(forward_batch, "forward_mode", None), "name", None)
+            rids = list(getattr(forward_batch, "rids", None) or ())[:MAX_REPLAY_REQUESTS]
+            context = replay_attributes(**{BATCH_SIZE: getattr(forward_batch, "batch_size", None), FORWARD_MODE: mode,
+                                           BATCH_REQUEST_IDS: tuple(map(str, rids)) or None})
+        except Exception as exc:  # never in the way of SGLang's forward pass
+            warn_failed_once("reading a CUDA graph replay's batch", exc)
+            return original(self, forward_batch, *args, **kwargs)
+        with context:
+            return original(self, forward_batch, *args, **kwargs)
+
+    handle.add(Patch(runner, "execute", execute))
+
+
+def _patch_graph_backend(handle: Instrumentation, module: Any) -> None:
+    """The backend's `capture_one(shape_key, ...)`: the graph it made and the
+    outputs it keeps are watched (SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK)."""
+    backend = getattr(module, "FullCudaGraphBackend", None)
+    original = vars(backend).get("capture_one") if backend is not None else None
+    if original is None or _config.get_config().level == 0:
+        return
+    from ..capture.graphs import watch_graph_outputs
+
+    @functools.wraps(original)
+    def capture_one(self, shape_key, *args, **kwargs):
+        result = original(self, shape_key, *args, **kwargs)
+        try:
+            graph = getattr(self, "_graphs", {}).get(shape_key)
+            if graph is not None:
+                watch_graph_outputs(graph, getattr(self, "_outputs", {}).get(shape_key))
+        except Exception as exc:  # a backend whose fields changed: the capture stands, unwatched
+            warn_failed_once("watching a CUDA graph's outputs", exc)
+        return result
+
+    handle.add(Patch(backend, "capture_one", capture_one))
 
 
 def _then_learn_ranks(original: Callable) -> Callable:

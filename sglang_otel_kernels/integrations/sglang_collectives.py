@@ -9,7 +9,7 @@ integration when SGLang's parallel_state is imported (torch is there by then).
 from __future__ import annotations
 
 from ..capture.collectives import Collective, Spec, learn_identity
-from ..capture.decorator import wrap_collective
+from ..capture.decorator import wrap_hooked
 from ..capture.naming import infer_api_name
 from ..capture.patches import Instrumentation, Patch
 
@@ -71,5 +71,5 @@ def record_coordinator(coordinator: type, handle: Instrumentation) -> None:
     for method, spec in _COORDINATOR:
         original = vars(coordinator).get(method)
         if original is not None:
-            recorded = wrap_collective(original, infer_api_name(original), CoordinatorCollective(spec, original))
+            recorded = wrap_hooked(original, infer_api_name(original), CoordinatorCollective(spec, original))
             handle.add(Patch(coordinator, method, recorded))

@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from .._version import __version__
 from ..describe.values import safe_str
 from ..notices import warn_failed_once
-from ..schema import ATTRIBUTES_DROPPED, LEVEL, NAME, SEQ, TRACER_NAME
+from ..schema import ATTRIBUTES_DROPPED, GRAPH_CALLS, GRAPH_ID, LEVEL, NAME, SEQ, TRACER_NAME
 from ..text import utf8
 from . import processor as _processor
 from . import tracefile
@@ -42,6 +42,9 @@ _LOW64 = (1 << 64) - 1
 _STATUS_UNSET, _STATUS_ERROR = 0, 2
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+# How many calls each CUDA graph captured here (graph id -> count; filled by
+# capture/graphs.py): what a replay's span exported from this process says.
+captured_calls: dict = {}
 
 
 def _attribute_limit() -> int | None:
@@ -245,6 +248,11 @@ class KernelSpans:
                 self._refresh_targets(processors)
             if self._targets is not None:
                 attributes = {NAME: name, LEVEL: level, SEQ: seq}
+                if flags & tracefile.FLAG_GRAPH_REPLAY:
+                    attributes = {NAME: name, LEVEL: level, **tracefile.replay_fields(seq)}
+                    calls = captured_calls.get(attributes[GRAPH_ID])
+                    if calls is not None:
+                        attributes[GRAPH_CALLS] = calls
                 if extra:
                     attributes.update(tracefile.unpack_collective(extra[1] if flags & tracefile.FLAG_INLINE_NAME
                                                                   else extra))

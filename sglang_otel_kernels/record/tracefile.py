@@ -34,16 +34,22 @@ Layout (all integers little-endian):
              number and level, then (when there are any) its other
              attributes as marshal data; a collective's attributes are
              packed there under one key, PACKED_COLLECTIVE, as a tuple in
-             the order of COLLECTIVE_FIELDS (None for an absent one); it
-             ends with a COMPACT_END or a CALL_END record
+             the order of COLLECTIVE_FIELDS (None for an absent one); a
+             CUDA graph's replay (FLAG_GRAPH_REPLAY) is one such record, its
+             call number the graph's id and its replay number packed
+             (REPLAY_SHIFT); it ends with a COMPACT_END or a CALL_END record
 
 Span names, instrumentation scopes and black-box kernel names are written once
 as SYMBOL records and referred to by number; thread names once as THREAD
 records; the process's ranks, when they become known after the file was
 created (torch.distributed initialised, SGLang's scheduler started), as an
-IDENTITY record. When the ring wraps, a TABLE record holding all of them is
-written first, so every record the ring still holds can be resolved. A
-normal interpreter exit writes an EXIT record: a process that died has none. The table is
+IDENTITY record; the kernels a CUDA graph captured, in order, once its
+capture ends, as a GRAPH record (bounded: a graph's first MAX_GRAPH_CALLS,
+all graphs within a 16th of the ring, the oldest dropped). When the ring
+wraps, a TABLE record holding all of them is written first, so every record
+the ring still holds can be resolved and a replayed graph's kernels named
+however long ago it was captured. A normal interpreter exit writes an EXIT
+record: a process that died has none. The table is
 bounded (count and bytes, relative to the ring): a name that finds it full,
 or is long, is written inline in its span's start record instead, so a
 stream of distinct names (request ids in span names) costs neither memory
@@ -88,7 +94,7 @@ import zlib
 from typing import Callable
 
 from ..notices import warn
-from ..schema import COLLECTIVE_FIELDS
+from ..schema import COLLECTIVE_FIELDS, GRAPH_ID, GRAPH_REPLAY
 
 MAGIC = b"SOKTRACE"
 FORMAT_VERSION = 4  # 3 plus the heartbeat, IDENTITY and EXIT records, the identity in the TABLE
@@ -124,6 +130,9 @@ FLAG_PARENT_SAMPLED = 8  # the parent's sampled flag, for a parent-based export 
 FLAG_INLINE_NAME = 16  # the marshal data is (name, what it would be without this flag)
 FLAG_BLACKBOX = 32  # a kernel span recorded by the black box (level-1 detail, for the file only)
 FLAG_COLLECTIVE = 64  # a collective or point-to-point op (its attributes say which, in which group, its number)
+FLAG_GRAPH_REPLAY = 128  # a CUDA graph's replay: its call number is (graph id << REPLAY_SHIFT) | replay number
+REPLAY_SHIFT = 40
+CALL_SEQ_MASK = (1 << REPLAY_SHIFT) - 1
 # A kernel call as a span: trace id (high, low), span id, parent span id,
 # start time, thread, name symbol, kind, flags, call number, level.
 KERNEL_SPAN = struct.Struct("<QQQQqQIBBQB")
@@ -148,7 +157,7 @@ DISK_SHARE = 2
 END = "E"
 THREAD = "T"  # (THREAD, ident, name)
 SYMBOL = "Y"  # (SYMBOL, number, value): a span name, a (scope name, version) pair or a kernel name
-TABLE = "Z"  # (TABLE, {number: value}, {ident: thread name}, identity): all symbols, threads and the identity, after a wrap
+TABLE = "Z"  # (TABLE, {number: value}, {ident: thread name}, identity, {graph id: calls}): all of them, after a wrap
 FAILURE = "X"  # (FAILURE, call number, exception type, message): a black-box call of format 2 that raised
 CALL_END = "F"  # (CALL_END, span id, end time, status, description, events, attributes added at the end)
 ATTRIBUTES = "A"  # (ATTRIBUTES, span id, attributes added while it runs): level-5 statistics, a dump directory
@@ -156,6 +165,8 @@ MODE = "M"  # (MODE, what a sidecar exports from here on): MODE_KERNELS_ONLY onc
 MODE_KERNELS_ONLY = "kernels"
 IDENTITY = "I"  # (IDENTITY, {"rank": 0, "world_size": 8, "tp_rank": 0, "job": ...}): the process's ranks, all known so far
 EXIT = "Q"  # (EXIT, time): the interpreter exited normally (atexit ran); a process that died has none
+GRAPH = "G"  # (GRAPH, graph id, calls, calls left out): a CUDA graph's captured kernels, each (name, shapes, dtypes)
+MAX_GRAPH_CALLS = 4096
 
 # A collective's attributes in a KERNEL_SPAN record: one tuple under one key
 # instead of a dozen keys (a third of the bytes, and a reader checks them by
@@ -172,6 +183,11 @@ def unpack_collective(attributes: dict) -> dict:
     out = {key: value for key, value in zip(COLLECTIVE_FIELDS, packed) if value is not None}
     out.update((key, value) for key, value in attributes.items() if key != PACKED_COLLECTIVE)
     return out
+
+
+def replay_fields(seq: int) -> dict:
+    """A CUDA graph replay's graph id and replay number, from its record's call number."""
+    return {GRAPH_ID: seq >> REPLAY_SHIFT, GRAPH_REPLAY: seq & CALL_SEQ_MASK}
 
 
 _writers: "weakref.WeakSet[TraceFileWriter]" = weakref.WeakSet()
@@ -266,6 +282,9 @@ class TraceFileWriter:
         # The process's ranks as known now (identity.py): in the header of a
         # file created after they are known, else an IDENTITY record; in every TABLE.
         self.identity: dict = {}
+        # CUDA graphs' captured kernels (graph id -> (calls, calls left out)), in every TABLE.
+        self.graphs: dict = {}
+        self._graph_bytes: dict = {}
         self._forked_from: int | None = None
         self._closed = False
         _writers.add(self)
@@ -410,6 +429,7 @@ class TraceFileWriter:
         self.path = None
         self._sequence = 0
         self.identity = {}  # the child's own ranks, if it learns any
+        self.graphs, self._graph_bytes = {}, {}  # and graphs
         self.symbols = {}
         self.threads = {}
         self._symbol_bytes = 0
@@ -490,6 +510,22 @@ class TraceFileWriter:
             if self._view is not None:
                 self._put(ENCODING_MARSHAL, encode((IDENTITY, self.identity)))
 
+    def add_graph(self, graph_id: int, calls: tuple, left_out: int) -> None:
+        """The kernels a CUDA graph captured (each a (name, input shapes,
+        input dtypes) tuple, names as symbols where the table has room): a
+        GRAPH record now, and in every TABLE after it while the graphs' part
+        of the table, a 16th of the ring, has room (the oldest graphs go; a
+        graph too big for it alone is in its GRAPH record only)."""
+        payload = encode((GRAPH, graph_id, calls, left_out))
+        with self._lock:
+            self.graphs[graph_id] = (calls, left_out)
+            self._graph_bytes[graph_id] = len(payload)
+            while self.graphs and sum(self._graph_bytes.values()) > self.capacity // 16:
+                oldest = next(iter(self.graphs))
+                del self.graphs[oldest], self._graph_bytes[oldest]
+            if self._ready():
+                self._put(ENCODING_MARSHAL, payload)
+
     def _beat(self) -> None:
         """The heartbeat thread: the time into the header every HEARTBEAT_S
         while the file is open (one 8-byte store; it ends with the file)."""
@@ -550,7 +586,8 @@ class TraceFileWriter:
         table = b""
         if lap:
             # The names the ring still refers to, before anything else in the new lap.
-            body = encode((TABLE, {n: v for v, n in self.symbols.items()}, dict(self.threads), self.identity))
+            body = encode((TABLE, {n: v for v, n in self.symbols.items()}, dict(self.threads), self.identity,
+                           dict(self.graphs)))
             table = _frame(ENCODING_MARSHAL, body, sequence)
             table_size = len(table)
             offset = (table_size + ALIGN - 1) & -ALIGN

@@ -19,7 +19,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
-from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, NAME
+from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, GRAPH_REPLAY, NAME
 from .reader import RecoveredSpan, TraceFileContents, TraceFileError
 
 NEWEST_PER_THREAD = 200  # kernel calls of each thread (and of each process) a timeline draws
@@ -47,7 +47,7 @@ def digest(contents: TraceFileContents, last: int = 10) -> Digest:
     newest = collections.deque(maxlen=max(last, NEWEST_PER_THREAD))
     by_thread: dict = {}
     by_group: dict = {}
-    first_bad = None
+    first_bad = newest_replay = None
     for span in contents.spans:
         attributes = span.attributes
         if NAME not in attributes:
@@ -69,6 +69,8 @@ def digest(contents: TraceFileContents, last: int = 10) -> Digest:
             if group is None:
                 group = by_group[key] = collections.deque(maxlen=NEWEST_COLLECTIVES)
             group.append(span)
+        elif GRAPH_REPLAY in attributes:
+            newest_replay = span
         if span.in_flight:
             row[2] += 1
             shown.append(span)
@@ -81,6 +83,8 @@ def digest(contents: TraceFileContents, last: int = 10) -> Digest:
             first_bad = span
             shown.append(span)
     shown.extend(newest)
+    if newest_replay is not None:  # a dead process's newest replay may still have been running on the GPU
+        shown.append(newest_replay)
     for thread in by_thread.values():
         shown.extend(thread)
     for group in by_group.values():

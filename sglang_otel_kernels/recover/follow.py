@@ -27,7 +27,7 @@ from .replay import BATCH, FileResource, readable
 
 # Spans kept for a back end that does not take them, then the oldest are dropped.
 _MAX_PENDING = 50_000
-_NAMES = (fmt.SYMBOL, fmt.TABLE, fmt.THREAD, fmt.IDENTITY)
+_NAMES = (fmt.SYMBOL, fmt.TABLE, fmt.THREAD, fmt.IDENTITY, fmt.GRAPH)
 _MAX_HUNG = 4096  # calls exported early and still running, remembered so each goes once
 
 

@@ -131,9 +131,17 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
     first_bad = min(((s.start_time, s.span_id) for c in contents for s in c.spans
                      if is_kernel(s) and produced_nonfinite(s)), default=(0, None))[1]
     suspects = sum(len(job["suspects"]) for job in report.get("cross_rank_jobs") or ())
-    verdict = ("crashed", "CRASHED: a kernel call was running when the process died") if report["crashed"] else \
-        ("crashed", f"{suspects} suspect rank(s): see the verdict of the ranks below") if suspects else \
-        ("failed", f"{len(report['failed'])} failed call(s)") if report["failed"] else ("clean", "no crash, no failure")
+    if report["crashed"]:
+        verdict = ("crashed", "CRASHED: a kernel call was running when the process died")
+    elif report.get("graph_replay_at_death"):
+        # Not a crash for certain: a server stopped by SIGKILL after its last decode step looks the same.
+        verdict = ("failed", "died after a CUDA graph replay: its kernels may have been running on the GPU")
+    elif suspects:
+        verdict = ("crashed", f"{suspects} suspect rank(s): see the verdict of the ranks below")
+    elif report["failed"]:
+        verdict = ("failed", f"{len(report['failed'])} failed call(s)")
+    else:
+        verdict = ("clean", "no crash, no failure")
     calls: list[str] = []
     sections = []
     newest_of = {content.path: _newest_by_thread(content) for content in contents}
@@ -156,6 +164,11 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
             f'<div class="in-flight-call">In flight when the process ended:\n'
             f'{html.escape(chr(10).join(call_lines(call)))}</div>'
             for call in report["in_flight"] if call["file"] == content.path and call["in_flight_in_dead_process"])
+        crashed += "".join(
+            f'<div class="in-flight-call">The process died {call["seconds_before_death"]} s after this CUDA graph '
+            f'replay returned; its kernels may still have been running on the GPU:\n'
+            f'{html.escape(chr(10).join(call_lines(call)))}</div>'
+            for call in report.get("graph_replay_at_death") or () if call["file"] == content.path)
         sections.append(f"<h2>{html.escape(title)}</h2>{rows}{crashed}")
     data = json.dumps(calls).replace("<", "\\u003c")  # no tag of any kind inside the script element
     return f"""<!DOCTYPE html>

@@ -29,7 +29,8 @@ from typing import Any
 from .. import files
 from .._version import __version__
 from ..record import tracefile as fmt
-from ..schema import BLACKBOX, COLLECTIVE_FIELDS, IN_FLIGHT, LEVEL, NAME, SEQ, TRACER_NAME
+from ..schema import (BLACKBOX, COLLECTIVE_FIELDS, GRAPH_CALLS, GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY, IN_FLIGHT,
+                      LEVEL, NAME, SEQ, TRACER_NAME)
 from ..text import utf8
 
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
@@ -96,6 +97,8 @@ class TraceFileContents:
     live: bool = False  # its writer still runs (it holds the file's lock): calls in flight are running now
     heartbeat: int = 0  # when the writer last said it was alive (ns; 0: unknown), also while it hangs
     exited: bool = False  # the interpreter exited normally (an EXIT record): not killed, not crashed
+    # CUDA graphs the file names: id -> (their captured calls, each (name, input shapes, input dtypes), calls left out)
+    graphs: dict = dataclasses.field(default_factory=dict)
 
     @property
     def last_alive(self) -> int:
@@ -255,7 +258,7 @@ def _parse(path: str, data) -> TraceFileContents:
         problems.append(f"{len(assembler.unsure)} span start(s) from before a break in the ring, whose end may have "
                         "been overwritten, were left out (not counted as in flight)")
     return TraceFileContents(path, metadata, spans, len(entries), skipped, problems, last_time,
-                             heartbeat=heartbeat, exited=assembler.exited)
+                             heartbeat=heartbeat, exited=assembler.exited, graphs=assembler.graph_calls())
 
 
 def with_gaps(entries: list[tuple[int, int, tuple]]) -> list[tuple]:
@@ -409,12 +412,19 @@ def _content(payload: bytes, encoding: int):
     if kind == fmt.SYMBOL and len(record) == 3 and type(record[1]) is int:
         value = _symbol(record[2])
         return None if value is None else (fmt.SYMBOL, record[1], value)
-    if kind == fmt.TABLE and len(record) in (3, 4) and isinstance(record[1], dict) and isinstance(record[2], dict):
+    if kind == fmt.TABLE and 3 <= len(record) <= 5 and isinstance(record[1], dict) and isinstance(record[2], dict):
         symbols = {number: value for number, value in ((n, _symbol(v)) for n, v in record[1].items())
                    if type(number) is int and value is not None}
         threads = {ident: utf8(name) for ident, name in record[2].items() if _is_u64(ident) and type(name) is str}
-        identity = _identity(record[3]) if len(record) == 4 else {}
-        return None if identity is None else (fmt.TABLE, symbols, threads, identity)
+        identity = _identity(record[3]) if len(record) >= 4 else {}
+        graphs = record[4] if len(record) == 5 else {}
+        graphs = {n: g for n, g in ((n, _graph(*g) if type(g) is tuple and len(g) == 2 else None)
+                                    for n, g in graphs.items()) if _is_u64(n) and g is not None} \
+            if type(graphs) is dict else None
+        return None if identity is None or graphs is None else (fmt.TABLE, symbols, threads, identity, graphs)
+    if kind == fmt.GRAPH and len(record) == 4 and _is_u64(record[1]):
+        graph = _graph(record[2], record[3])
+        return None if graph is None else (fmt.GRAPH, record[1], graph)
     if kind == fmt.IDENTITY and len(record) == 2:
         identity = _identity(record[1])
         return None if identity is None else (fmt.IDENTITY, identity)
@@ -452,6 +462,22 @@ def _symbol(value):
     if type(value) is tuple and len(value) == 2 and all(type(part) is str for part in value):
         return (utf8(value[0]), utf8(value[1]))
     return None
+
+
+def _graph(calls, left_out) -> "tuple | None":
+    """A graph's captured calls, each (name: a symbol number or text, input
+    shapes, input dtypes), and how many were left out; None when malformed."""
+    if type(calls) is not tuple or len(calls) > fmt.MAX_GRAPH_CALLS or type(left_out) is not int or left_out < 0:
+        return None
+    clean = []
+    for call in calls:
+        if type(call) is not tuple or len(call) != 3 or type(call[0]) not in (int, str):
+            return None
+        shapes, dtypes = _texts(call[1]), _texts(call[2])
+        if shapes is False or dtypes is False:
+            return None
+        clean.append((utf8(call[0]) if type(call[0]) is str else call[0], shapes, dtypes))
+    return tuple(clean), left_out
 
 
 def _identity(value) -> "dict | None":
@@ -584,6 +610,8 @@ def _kernel_span(data, view: memoryview, offset: int, length: int, _unpack=fmt.K
     if start < 0 or kind > 4:
         return None
     attributes: "dict | None" = {NAME: None, LEVEL: level, SEQ: seq}  # the name, once resolved, goes first
+    if flags & fmt.FLAG_GRAPH_REPLAY:  # a CUDA graph's replay: its graph and replay number, not a call number
+        attributes = {NAME: None, LEVEL: level, **fmt.replay_fields(seq)}
     if flags & fmt.FLAG_BLACKBOX:
         attributes[BLACKBOX] = True
     if length > _size:
@@ -681,6 +709,7 @@ class Assembler:
         self.orphans = 0  # ends whose start the ring had overwritten
         self.identity: dict = {}  # the process's ranks learnt after its file was created
         self.exited = False  # an EXIT record: the interpreter exited normally
+        self.graphs: dict = {}  # CUDA graph id -> (its captured calls, names as in the file; calls left out)
 
     def add(self, record: tuple) -> "tuple | None":
         """Takes one record; returns (start, end) when it ends a span or call."""
@@ -729,6 +758,9 @@ class Assembler:
             self.symbols.update(record[1])
             self.threads.update((ident, str(name)) for ident, name in record[2].items())
             self.identity.update(record[3])
+            self.graphs.update(record[4])
+        elif kind == fmt.GRAPH:
+            self.graphs[record[1]] = record[2]
         elif kind == fmt.IDENTITY:
             self.identity.update(record[1])
         elif kind == fmt.EXIT:
@@ -740,7 +772,20 @@ class Assembler:
         """The span of a start record and its end (None: still in flight)."""
         if start[0] == _KERNEL_START:
             return self._call(start, end)
-        return _span(start, end, self.threads, self.symbols)
+        span = _span(start, end, self.threads, self.symbols)
+        graph_id = span.attributes.get(GRAPH_REPLAY) and span.attributes.get(GRAPH_ID)
+        if graph_id is not None and graph_id in self.graphs:
+            calls, left_out = self.graphs[graph_id]
+            span.attributes[GRAPH_CALLS] = len(calls) + left_out
+            if span.in_flight:  # the suspects, on the span wherever it goes (export, the sidecar, replay)
+                span.attributes[GRAPH_CAPTURED] = tuple(
+                    f"{_name(self.symbols, name)} {', '.join(shapes)}".rstrip() for name, shapes, _ in calls)
+        return span
+
+    def graph_calls(self) -> dict:
+        """The graphs' captured calls with their names resolved: id -> (calls, calls left out)."""
+        return {graph_id: (tuple((_name(self.symbols, name), shapes, dtypes) for name, shapes, dtypes in calls),
+                           left_out) for graph_id, (calls, left_out) in self.graphs.items()}
 
     def kernel_calls_started_before(self, time_ns: int) -> list[tuple]:
         """The start records of kernel calls in flight that started before `time_ns`."""
@@ -778,7 +823,7 @@ def _assemble(records: list[tuple]) -> "tuple[list[RecoveredSpan], int, Assemble
     """All spans of a file, ended and in flight, in start order; the newest
     time; the assembler (what it left out). Name symbols are learnt first
     (their numbers never change in a file, and a TABLE after a wrap names
-    records older than it); thread names as they come, since a thread's
+    records older than it), and so are CUDA graphs; thread names as they come, since a thread's
     ident is reused by later threads, and spans are made as they end."""
     assembler = Assembler()
     for record in records:
@@ -786,6 +831,9 @@ def _assemble(records: list[tuple]) -> "tuple[list[RecoveredSpan], int, Assemble
             assembler.symbols[record[1]] = record[2]
         elif record[0] == fmt.TABLE:
             assembler.symbols.update(record[1])
+            assembler.graphs.update(record[4])
+        elif record[0] == fmt.GRAPH:
+            assembler.graphs[record[1]] = record[2]
     spans = [assembler.span(*pair) for pair in map(assembler.add, records) if pair is not None]
     spans += assembler.in_flight()
     for span in spans:

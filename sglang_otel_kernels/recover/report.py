@@ -9,7 +9,8 @@ from typing import Any
 
 from ..config import DEFAULT_HANG_SECONDS
 from ..record.tracefile import traceback_path
-from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, INPUT_PREFIX, NAME, REQUEST_ID, SEQ
+from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY,
+                      GRAPH_SUSPECT, INPUT_PREFIX, NAME, REPLAY_NAME, REQUEST_ID, SEQ)
 from .digest import Digest, digest, produced_nonfinite
 from .ranks import cross_rank, rank_of, timestamp
 from .ranks import render as render_verdict
@@ -65,11 +66,14 @@ def _texts(value: Any) -> list[str]:
 
 
 def _requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[str, Any] | None:
-    """The batch around a call and the requests it served, walking up the parents."""
+    """The batch around a call and the requests it served, walking up the
+    parents (a CUDA graph's replay names its batch too, but the batch span
+    above it, with the requests' traces linked, says more)."""
     current = span
     seen = 0
     while current is not None and seen < 64:
-        if BATCH_REQUEST_IDS in current.attributes or BATCH_SIZE in current.attributes:
+        if (BATCH_REQUEST_IDS in current.attributes or BATCH_SIZE in current.attributes) and not (
+                current.name == REPLAY_NAME and by_id.get(current.parent_span_id) is not None):
             return {
                 "batch": current.name,
                 "batch_span_id": f"{current.span_id:016x}",
@@ -114,9 +118,37 @@ def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents:
         "exception": None if exception is None else {
             "type": exception.get("exception.type"), "message": exception.get("exception.message")},
         "requests": _requests_of(span, by_id),
+        "graph": _graph_of(span, contents),
         "trace_id": f"{span.trace_id:032x}",
         "span_id": f"{span.span_id:016x}",
     }
+
+
+def _graph_of(span: RecoveredSpan, contents: TraceFileContents) -> dict[str, Any] | None:
+    """The CUDA graph a call is about, with its captured kernels: the graph a
+    replay ran, or the one whose replay a device error was first seen after
+    (`sglang.cuda_graph.suspect`, "graph 3, replay 17"); None for others."""
+    attributes = span.attributes
+    if GRAPH_REPLAY in attributes:
+        graph_id, replay, role = attributes.get(GRAPH_ID), attributes[GRAPH_REPLAY], "replayed"
+    else:
+        suspect = attributes.get(GRAPH_SUSPECT)
+        parts = suspect.replace(",", "").split() if isinstance(suspect, str) else []
+        if len(parts) != 4 or not parts[1].isdigit() or not parts[3].isdigit():
+            return None
+        graph_id, replay, role = int(parts[1]), int(parts[3]), "suspect"
+    captured = contents.graphs.get(graph_id)
+    if captured is not None:
+        calls, left_out = captured
+        listed = [{"name": name, "shapes": list(shapes), "dtypes": list(dtypes)} for name, shapes, dtypes in calls]
+    else:  # an archive: the in-flight replay carries its graph's calls as text
+        listed = [{"name": text, "shapes": [], "dtypes": []} for text in attributes.get(GRAPH_CAPTURED, ())]
+        left_out = 0
+    return {"id": graph_id, "replay": replay, "role": role, "calls": listed, "left_out": left_out,
+            "forward_mode": attributes.get(FORWARD_MODE), "batch_size": attributes.get(BATCH_SIZE)}
+
+
+GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON and the page: all)
 
 
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
@@ -158,6 +190,8 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     first_bad = min(nonfinite, key=by_start, default=None)
     in_flight = [dict(call_summary(s, by_id, f, now), in_flight_in_dead_process=not f.live)
                  for s, f in sorted(in_flight_spans, key=by_start)]
+    at_death = [dict(call_summary(s, by_id, f, now), seconds_before_death=round((f.last_alive - s.end_time) / 1e9, 1))
+                for s, f in (_replay_at_death(c) for c in contents) if s is not None]
     failed = [call_summary(s, by_id, f, now) for s, f in sorted(failed_spans, key=by_start)]
     tracebacks = {}
     for content in contents:
@@ -178,6 +212,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
         "crashed": any(call["in_flight_in_dead_process"] for call in in_flight),
         "running": any(c.live for c in contents),
         "in_flight": in_flight,
+        "graph_replay_at_death": at_death,
         "failed": failed,
         "last_calls": [call_summary(s, by_id, f, now) for s, f in ended[-last:]] if last > 0 else [],
         "first_nonfinite_output": None if first_bad is None else call_summary(first_bad[0], by_id, first_bad[1], now),
@@ -191,6 +226,19 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     }
 
 
+def _replay_at_death(contents: TraceFileContents) -> tuple:
+    """A dead process's newest CUDA graph replay, ended on the CPU: a graph's
+    kernels run on the GPU after `replay()` returns, so a process killed in a
+    hang, or by a device error, while they ran has no replay in flight."""
+    if contents.live or contents.exited:
+        return None, contents
+    newest = max((span for span in contents.spans if GRAPH_REPLAY in span.attributes),
+                 key=lambda span: span.start_time, default=None)
+    if newest is None or newest.in_flight:  # one in flight is in the report's in_flight already
+        return None, contents
+    return newest, contents
+
+
 def _ranks(value: Any) -> dict[str, str]:
     return {str(key): str(rank) for key, rank in value.items()} if isinstance(value, dict) else {}
 
@@ -202,8 +250,8 @@ def process_text(call: dict[str, Any]) -> str:
 
 
 def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
-    lines = [f"{indent}{call['name']}  ({process_text(call)}; thread {call['thread']}, started {call['start']}, "
-             f"seq {call['seq']})"]
+    seq = f", seq {call['seq']}" if call["seq"] is not None else ""
+    lines = [f"{indent}{call['name']}  ({process_text(call)}; thread {call['thread']}, started {call['start']}{seq})"]
     if call.get("seconds") is not None:
         lines.append(f"{indent}  running for {call['seconds']} s" if not call.get("in_flight_in_dead_process")
                      else f"{indent}  in flight for {call['seconds']} s when the process was last alive")
@@ -213,12 +261,29 @@ def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
         lines.append(f"{indent}  {path} = {_render_value(value)}")
     if call["dump_dir"]:
         lines.append(f"{indent}  inputs dumped to {call['dump_dir']}  (sglang-otel-kernels rerun DIR)")
+    graph = call.get("graph")
+    if graph is not None:
+        count = len(graph["calls"]) + graph["left_out"]
+        where = (f"replay {graph['replay']} of CUDA graph {graph['id']}" if graph["role"] == "replayed" else
+                 f"first seen after replay {graph['replay']} of CUDA graph {graph['id']}")
+        batch = [str(graph[key]) for key in ("forward_mode",) if graph.get(key)]
+        batch += [f"batch of {graph['batch_size']}"] if graph.get("batch_size") is not None else []
+        where += f" ({', '.join(batch)})" if batch else ""
+        lines.append(f"{indent}  {where}: one of these {count} captured kernels" +
+                     (":" if count else " (its capture was not recorded)"))
+        for number, kernel in enumerate(graph["calls"][:GRAPH_LINES], 1):
+            shapes = ", ".join(kernel["shapes"])
+            lines.append(f"{indent}    {number}. {kernel['name']}" + (f"  {shapes}" if shapes else "") +
+                         (f"  {', '.join(kernel['dtypes'])}" if kernel["dtypes"] else ""))
+        if count > GRAPH_LINES:
+            lines.append(f"{indent}    ... and {count - GRAPH_LINES} more (report --json lists them all)")
     requests = call["requests"]
     if requests:
         if "batch" in requests:
             ids = ", ".join(requests["request_ids"]) or "no ids"
-            lines.append(f"{indent}  batch {requests['batch']}: requests {ids} "
-                         f"({len(requests['request_traces'])} traces linked)")
+            linked = len(requests["request_traces"])
+            lines.append(f"{indent}  batch {requests['batch']}: requests {ids}" +
+                         (f" ({linked} traces linked)" if linked else ""))
         else:
             lines.append(f"{indent}  request {requests['request']} (trace {requests['trace_id']})")
     return lines
@@ -245,8 +310,14 @@ def render_text(report: dict[str, Any]) -> str:
         out.append(f"RUNNING: the writing process is alive; {len(running)} kernel call(s) running now:")
         for call in running:
             out.extend(call_lines(call))
+    at_death = report.get("graph_replay_at_death") or []
     if not report["in_flight"]:
-        out.append("No kernel call was running when the file was last written (no crash inside a kernel).")
+        out.append("No kernel call was running when the file was last written" +
+                   (" (no crash inside a kernel)." if not at_death else ", but a CUDA graph's kernels may have been:"))
+    for call in at_death:
+        out.append(f"  the process died {call['seconds_before_death']} s after this CUDA graph replay returned (a "
+                   "replay only launches the graph: its kernels run on the GPU after it returns):")
+        out.extend(call_lines(call, indent="    "))
     by_process: dict[str, list] = {}
     for span in report["in_flight_other_spans"]:  # the spans around the calls, per process
         by_process.setdefault(process_text(span), []).append(f"{span['name']} (trace {span['trace_id']})")

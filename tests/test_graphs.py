@@ -1,0 +1,312 @@
+"""CUDA graphs on the CPU: a real CUDAGraph needs CUDA, so the package's seam
+(capture/graphs.py: `record_graph_class`) points the recording at a stand-in
+class with CUDAGraph's `capture_begin` / `capture_end` / `replay`, and
+`torch.cuda.is_current_stream_capturing` is patched on while it captures, as
+it is on a GPU. Real processes: captures and replays into trace files, a
+process killed inside a replay, an asynchronous device error after one, a
+real OTLP receiver for the sidecar."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import sglang_otel_kernels as sok
+from conftest import run_python
+from otlp_receivers import GrpcReceiver
+from test_html_report import _chromium
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+APP = """
+import os, signal, sys, torch
+sys.path.insert(0, TESTS)
+import sglang_otel_kernels as sok
+from sglang_otel_kernels.capture.graphs import record_graph_class
+from stand_in_graph import StandInGraph, capturing
+CONFIGURE
+
+@sok.debug_kernel_api(op_name="layer.attn")
+def attn(x, w):
+    return x @ w
+
+@sok.debug_kernel_api(op_name="layer.mlp")
+def mlp(x, scale=1.0):
+    return x * scale
+
+def capture(graph, hidden=4):
+    x, w = torch.ones(2, hidden), torch.ones(hidden, hidden)
+    with capturing():
+        graph.capture_begin()
+        out = mlp(attn(x, w), scale=2.0)
+        out = mlp(out)
+        graph.capture_end()
+    return out
+
+carriers = [("00-" + "a1" * 16 + "-" + "b1" * 8 + "-01", "req-1"), ("00-" + "a2" * 16 + "-" + "b2" * 8 + "-01", "req-2")]
+record_graph_class(StandInGraph)
+"""
+
+
+def _app(body: str, level: int = 1, **settings) -> str:
+    values = ", ".join(f"{k}={v!r}" for k, v in {"level": level, "log_dest": "off", "trace_file": "t.sgltrace",
+                                                   **settings}.items())
+    return APP.replace("TESTS", repr(TESTS)).replace("CONFIGURE", f"sok.configure({values})") + body
+
+
+def _replays(spans) -> list:
+    return [s for s in spans if s.name == "cuda_graph.replay"]
+
+
+@pytest.mark.parametrize("level", [1, 3])
+def test_a_capture_marks_its_calls_and_keeps_its_call_list_and_each_replay_is_a_span(tmp_path, level):
+    proc = run_python(_app("first, second = StandInGraph(), StandInGraph()\n"
+                           "capture(first); capture(second, hidden=8)\n"
+                           "mlp(torch.ones(3))  # after the capture: an eager call, not in any graph\n"
+                           "for _ in range(3): first.replay()\n"
+                           "second.replay()\n", level=level), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    contents = sok.read_trace_file(tmp_path / "t.sgltrace")
+    assert contents.graphs == {
+        1: ((("layer.attn", ("(2, 4)", "(4, 4)"), ("torch.float32", "torch.float32")),
+             ("layer.mlp", ("(2, 4)",), ("torch.float32",)), ("layer.mlp", ("(2, 4)",), ("torch.float32",))), 0),
+        2: ((("layer.attn", ("(2, 8)", "(8, 8)"), ("torch.float32", "torch.float32")),
+             ("layer.mlp", ("(2, 8)",), ("torch.float32",)), ("layer.mlp", ("(2, 8)",), ("torch.float32",))), 0)}
+    kernels = [s for s in contents.spans if s.name.startswith("layer.")]
+    marks = [(s.attributes.get("sglang.cuda_graph.id"), s.attributes.get("sglang.cuda_graph.position")) for s in kernels]
+    assert marks == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3), (None, None)]
+    # Captured: no statistics and no touching of the data, at any level (the capturing flag is on).
+    assert all("sglang.kernel.input.arg0.min" not in s.attributes for s in kernels)
+    replays = _replays(contents.spans)
+    assert [(r.attributes["sglang.cuda_graph.id"], r.attributes["sglang.cuda_graph.replay"],
+             r.attributes["sglang.cuda_graph.calls"]) for r in replays] == [(1, 1, 3), (1, 2, 3), (1, 3, 3), (2, 1, 3)]
+    assert all(not r.in_flight and r.status_code == "UNSET" for r in replays)
+
+
+def test_the_call_list_is_still_readable_after_fifty_wraps_of_a_small_ring(tmp_path):
+    proc = run_python(_app("graph = StandInGraph(); capture(graph)\n"
+                           "from sglang_otel_kernels.record.processor import current_writer\n"
+                           "while current_writer().wraps < 50:\n"
+                           "    mlp(torch.ones(1))\n"
+                           "graph.replay()\n"
+                           "print(current_writer().wraps)\n", trace_file_size=64 * 1024), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) >= 50
+    contents = sok.read_trace_file(tmp_path / "t.sgltrace")
+    assert [name for name, _, _ in contents.graphs[1][0]] == ["layer.attn", "layer.mlp", "layer.mlp"]
+    # The capture's own records are long gone; the table every lap starts with kept the graph.
+    assert not any(s.attributes.get("sglang.cuda_graph.position") for s in contents.spans)
+    [replay] = _replays(contents.spans)
+    assert replay.attributes["sglang.cuda_graph.calls"] == 3
+
+
+@pytest.mark.parametrize("how", ["sigkill", "abort"])
+def test_a_process_killed_inside_a_replay_reports_the_replay_with_its_graphs_kernels(tmp_path, how):
+    death = "lambda: os.kill(os.getpid(), signal.SIGKILL)" if how == "sigkill" else "os.abort"
+    proc = run_python(_app(f"graph = StandInGraph(); capture(graph)\n"
+                           f"graph.at, graph.then = 3, {death}\n"
+                           "for _ in range(3):\n"
+                           "    with sok.forward_batch(carriers, name='decode_batch'):\n"
+                           "        graph.replay()\n"), tmp_path)
+    assert proc.returncode == (-signal.SIGKILL if how == "sigkill" else -signal.SIGABRT), proc.stderr
+    path = tmp_path / "t.sgltrace"
+    text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert text.returncode == 1, text.stderr
+    crashed = text.stdout.split("CRASHED: 1 kernel call(s) were running when the process died:\n")[1]
+    assert crashed.startswith("  cuda_graph.replay  (pid ")
+    assert ("    replay 3 of CUDA graph 1: one of these 3 captured kernels:\n"
+            "      1. layer.attn  (2, 4), (4, 4)  torch.float32, torch.float32\n"
+            "      2. layer.mlp  (2, 4)  torch.float32\n"
+            "      3. layer.mlp  (2, 4)  torch.float32\n"
+            "    batch decode_batch: requests req-1, req-2 (2 traces linked)") in crashed
+    document = json.loads(subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(path), "--json"],
+                                         capture_output=True, text=True, timeout=120).stdout)
+    [call] = document["in_flight"]
+    assert (call["name"], call["graph"]["id"], call["graph"]["replay"], call["graph"]["role"]) == (
+        "cuda_graph.replay", 1, 3, "replayed")
+    assert [k["name"] for k in call["graph"]["calls"]] == ["layer.attn", "layer.mlp", "layer.mlp"]
+    assert call["graph"]["calls"][0]["shapes"] == ["(2, 4)", "(4, 4)"]
+    assert call["requests"]["request_ids"] == ["req-1", "req-2"]
+    page = tmp_path / "report.html"
+    made = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(path), "--html", str(page)],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 1, made.stderr
+    dom = _chromium("--dump-dom", page.as_uri())
+    [box] = dom.stdout.split('<div class="in-flight-call">')[1:]
+    assert "replay 3 of CUDA graph 1: one of these 3 captured kernels:" in box and "3. layer.mlp  (2, 4)" in box
+
+
+def test_a_process_that_died_while_a_replayed_graph_ran_on_the_gpu_reports_that_replay(tmp_path):
+    # replay() only launches a graph: on a GPU it returns at once and the
+    # process waits (or hangs) at a later synchronisation, where it is killed.
+    proc = run_python(_app("graph = StandInGraph(); capture(graph)\n"
+                           "for _ in range(2): graph.replay()\n"
+                           "mlp(torch.ones(3))  # an eager call after it, ended: no proof the GPU finished\n"
+                           "os.kill(os.getpid(), signal.SIGKILL)  # as in a hung synchronisation\n"), tmp_path)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    path = tmp_path / "t.sgltrace"
+    text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(path)], capture_output=True,
+                          text=True, timeout=120).stdout
+    block = text.split("No kernel call was running when the file was last written, but a CUDA graph's kernels may "
+                       "have been:\n")[1]
+    assert block.startswith("  the process died ") and "s after this CUDA graph replay returned" in block
+    assert ("      replay 2 of CUDA graph 1: one of these 3 captured kernels:\n"
+            "        1. layer.attn  (2, 4), (4, 4)  torch.float32, torch.float32\n") in block
+    document = json.loads(subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(path), "--json"],
+                                         capture_output=True, text=True, timeout=120).stdout)
+    [call] = document["graph_replay_at_death"]
+    assert (call["graph"]["id"], call["graph"]["replay"], len(call["graph"]["calls"])) == (1, 2, 3)
+    assert 0 <= call["seconds_before_death"] < 60 and document["in_flight"] == []
+    page = tmp_path / "report.html"
+    subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(path), "--html", str(page)],
+                   capture_output=True, text=True, timeout=120)
+    dom = _chromium("--dump-dom", page.as_uri()).stdout
+    assert "died after a CUDA graph replay" in dom
+    [box] = dom.split('<div class="in-flight-call">')[1:]
+    assert "replay 2 of CUDA graph 1: one of these 3 captured kernels:" in box
+    # A process that exited normally: its last replay finished.
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    assert run_python(_app("graph = StandInGraph(); capture(graph); graph.replay()\n"), clean).returncode == 0
+    ended = json.loads(subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(clean / "t.sgltrace"),
+                                       "--json"], capture_output=True, text=True, timeout=120).stdout)
+    assert ended["graph_replay_at_death"] == []
+
+
+def test_the_sidecar_and_replay_export_the_replay_in_flight_with_its_graphs_kernels(tmp_path):
+    receiver, replayed = GrpcReceiver(), GrpcReceiver()
+    try:
+        proc = run_python(_app("graph = StandInGraph(); capture(graph)\n"
+                               "graph.at, graph.then = 2, lambda: os.kill(os.getpid(), signal.SIGKILL)\n"
+                               "for _ in range(2): graph.replay()\n"), tmp_path,
+                          env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        in_flight = lambda got: [s for s in got if s["attributes"].get("sglang.kernel.in_flight")]  # noqa: E731
+        exported = in_flight(receiver.wait_for(in_flight))
+        sent = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "replay", str(tmp_path / "t.sgltrace"),
+                               "--endpoint", replayed.endpoint], capture_output=True, text=True, timeout=120)
+        assert sent.returncode == 0, sent.stderr
+        exported += in_flight(replayed.wait_for(in_flight))
+    finally:
+        receiver.stop()
+        replayed.stop()
+    assert len(exported) == 2  # the sidecar's, then replay's
+    for replay in exported:
+        assert replay["name"] == "cuda_graph.replay" and replay["status"] == 2
+        assert replay["attributes"]["sglang.cuda_graph.replay"] == 2
+        assert replay["attributes"]["sglang.cuda_graph.captured"] == (
+            "layer.attn (2, 4), (4, 4)", "layer.mlp (2, 4)", "layer.mlp (2, 4)")
+
+
+def test_replays_exported_in_process_carry_their_graph(tmp_path):
+    receiver = GrpcReceiver()
+    try:
+        proc = run_python(_app("graph = StandInGraph(); capture(graph)\n"
+                               "for _ in range(2): graph.replay()\n", export_sidecar=False), tmp_path,
+                          env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+        assert proc.returncode == 0, proc.stderr
+        spans = receiver.wait_for(lambda got: len(_replays_of(got)) == 2)
+    finally:
+        receiver.stop()
+    first, second = _replays_of(spans)
+    for number, replay in enumerate((first, second), 1):
+        assert {key: replay["attributes"].get(key) for key in ("sglang.cuda_graph.id", "sglang.cuda_graph.replay",
+                                                                "sglang.cuda_graph.calls", "sglang.kernel.seq")} == {
+            "sglang.cuda_graph.id": 1, "sglang.cuda_graph.replay": number, "sglang.cuda_graph.calls": 3,
+            "sglang.kernel.seq": None}
+    captured = [s for s in spans if s["name"] in ("layer.attn", "layer.mlp")]
+    assert [s["attributes"]["sglang.cuda_graph.position"] for s in captured] == [1, 2, 3]
+
+
+def _replays_of(exported: list) -> list:
+    return sorted((s for s in exported if s["name"] == "cuda_graph.replay"),
+                  key=lambda s: s["attributes"]["sglang.cuda_graph.replay"])
+
+
+POISON = """
+poisoned = []
+graph = StandInGraph(); capture(graph)
+graph.at, graph.then = 2, lambda: poisoned.append(True)
+
+@sok.debug_kernel_api(op_name="sampler")
+def sampler(x):
+    if poisoned:  # the sticky asynchronous error the replay left, met at the next synchronisation
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    return x
+
+for step in range(2):
+    graph.replay()
+    for _ in range(2):
+        try:
+            sampler(torch.ones(2))
+        except RuntimeError:
+            pass
+"""
+
+
+def test_an_asynchronous_error_after_a_replay_is_laid_at_that_replay(tmp_path):
+    proc = run_python(_app(POISON), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    spans = sok.read_trace(tmp_path / "t.sgltrace")
+    failed = [s for s in spans if s.name == "sampler" and s.status_code == "ERROR"]
+    assert len(failed) == 2
+    first, second = failed
+    assert first.attributes["sglang.cuda_graph.suspect"] == "graph 1, replay 2"
+    assert "the newest CUDA graph replay before it was replay 2 of graph 1, whose 3 captured kernels are the " \
+           "likeliest culprits" in first.status_description
+    # The next call that meets the sticky error is not blamed: it says where it was first seen.
+    assert "first seen in sampler, after graph 1, replay 2" in second.status_description
+    report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path / "t.sgltrace")],
+                            capture_output=True, text=True, timeout=120)
+    block = report.stdout.split("Failed calls (2):\n")[1]
+    assert "    first seen after replay 2 of CUDA graph 1: one of these 3 captured kernels:\n" \
+           "      1. layer.attn  (2, 4), (4, 4)  torch.float32, torch.float32" in block
+
+
+OUTPUTS = """
+graph = StandInGraph(); out = capture(graph)
+sok.watch_graph_outputs(graph, {"logits": out})
+graph.replay()
+graph.at, graph.then = 2, lambda: out.fill_(float("nan"))  # what the graph's kernels wrote this time
+graph.replay()
+"""
+
+
+@pytest.mark.parametrize("level, check, flagged", [(5, "1", True), (5, "0", False), (3, "1", False)])
+def test_the_output_check_flags_a_replay_that_made_nan(tmp_path, level, check, flagged):
+    proc = run_python(_app(OUTPUTS, level=level), tmp_path, env={"SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK": check})
+    assert proc.returncode == 0, proc.stderr
+    first, second = _replays(sok.read_trace(tmp_path / "t.sgltrace"))
+    if flagged:
+        assert (first.attributes["sglang.kernel.has_nan"], first.attributes["sglang.kernel.has_inf"]) == (False, False)
+        assert (second.attributes["sglang.kernel.has_nan"], second.attributes["sglang.kernel.has_inf"]) == (True, False)
+    else:
+        assert "sglang.kernel.has_nan" not in first.attributes and "sglang.kernel.has_nan" not in second.attributes
+
+
+def test_level_0_wraps_no_cuda_graph_and_a_failed_capture_leaves_nothing_behind(tmp_path):
+    plain = run_python("import torch, sglang_otel_kernels as sok\n"
+                       "import torch.cuda.graphs as graphs\n"
+                       "print(torch.cuda.CUDAGraph.replay is graphs.CUDAGraph.__dict__['replay'],"
+                       " torch.cuda.CUDAGraph.replay.__module__)\n", tmp_path)
+    assert plain.stdout.split() == ["True", "torch.cuda.graphs"], plain.stderr
+    proc = run_python(_app("""
+class Broken(StandInGraph):
+    def capture_end(self):
+        raise RuntimeError("operation not permitted when stream is capturing")
+record_graph_class(Broken)
+broken = Broken()
+try:
+    capture(broken)
+except RuntimeError:
+    pass
+mlp(torch.ones(1))  # after the failed capture: a call of no graph
+"""), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    contents = sok.read_trace_file(tmp_path / "t.sgltrace")
+    assert contents.graphs == {}
+    assert "sglang.cuda_graph.id" not in contents.spans[-1].attributes
