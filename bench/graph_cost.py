@@ -10,7 +10,8 @@ median of its repeats, the table measured `--rounds` times and each row
 reported as its median over them:
 
   - a no-op kernel, bare and recorded at level 1 (the trace file, no text,
-    no export): the kernel span's cost;
+    no export): the kernel span's cost; the same with rmsnorm's arguments
+    (a 4x4096 and a 4096 tensor, eps), the call bench/overhead.py times;
   - a stand-in replay, bare and recorded (`cuda_graph.replay`, its graph id
     and replay number): the replay span's cost;
   - the same inside `replay_attributes(...)` as the SGLang integration sets
@@ -35,6 +36,7 @@ from overhead import per_call_us, rounds_table, timing_options
 
 import sglang_otel_kernels as sok
 from sglang_otel_kernels.capture.graphs import record_graph_class, replay_attributes
+from sglang_otel_kernels.schema import BATCH_REQUEST_IDS, BATCH_SIZE, FORWARD_MODE
 
 GRAPHS, CALLS_PER_GRAPH = 36, 320
 
@@ -105,9 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     kernel = sok.debug_kernel_api(op_name="bench.kernel")(noop)
     kernel()
     graph.capture_end()
-    batch = {"sglang.batch.size": 8, "sglang.forward_mode": "DECODE",
-             "sglang.request.ids": tuple(f"req-{i:04d}" for i in range(8))}
-    run = lambda fn, *args: per_call_us(fn, args, {}, options.calls, options.repeats)  # noqa: E731
+    rmsnorm = sok.debug_kernel_api(op_name="sglang.custom_op.rmsnorm")(noop)
+    tensors, eps = (torch.randn(4, 4096), torch.randn(4096)), {"eps": 1e-5}
+    batch = {BATCH_SIZE: 8, FORWARD_MODE: "DECODE", BATCH_REQUEST_IDS: tuple(f"req-{i:04d}" for i in range(8))}
+    run = lambda fn, *args, **kwargs: per_call_us(fn, args, kwargs, options.calls, options.repeats)  # noqa: E731
 
     def in_batch() -> None:
         with replay_attributes(**batch):
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def one_round() -> list[tuple[str, float]]:
         return [("no-op, bare", run(noop)), ("no-op, level-1 kernel span", run(kernel)),
+                ("rmsnorm-shaped no-op, bare", run(noop, *tensors, **eps)),
+                ("rmsnorm-shaped no-op, level-1 kernel span", run(rmsnorm, *tensors, **eps)),
                 ("stand-in replay, bare", run(bare_replay, graph)),
                 ("stand-in replay, recorded", run(graph.replay)),
                 ("replay in a batch context, bare", run(bare_in_batch)),
@@ -129,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     table = graph_table(directory)
     shutil.rmtree(directory, ignore_errors=True)
     span = us["no-op, level-1 kernel span"] - us["no-op, bare"]
+    call = us["rmsnorm-shaped no-op, level-1 kernel span"] - us["rmsnorm-shaped no-op, bare"]
     replay = us["stand-in replay, recorded"] - us["stand-in replay, bare"]
     batch_cost = us["replay in a batch context, recorded"] - us["replay in a batch context, bare"]
-    print(f"level-1 kernel span: {span:.2f} us; a replay span: {replay:.2f} us ({replay / span:.2f}x the kernel "
-          f"span); in a batch context: {batch_cost:.2f} us ({batch_cost / span:.2f}x)")
+    print(f"level-1 kernel span: {span:.2f} us without arguments, {call:.2f} us with rmsnorm's (bench/overhead.py's "
+          f"call); a replay span: {replay:.2f} us ({replay / span:.2f}x and {replay / call:.2f}x); in a batch "
+          f"context: {batch_cost:.2f} us ({batch_cost / span:.2f}x and {batch_cost / call:.2f}x)")
     print(f"{GRAPHS} graphs x {CALLS_PER_GRAPH} calls:")
     for label, value in table:
         print(f"  {label:52s} {value:9.2f}")

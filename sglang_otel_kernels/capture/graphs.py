@@ -60,14 +60,15 @@ class Capture:
 
 
 class Graph:
-    """A captured graph: its id, how many calls it captured, its replays
-    (each replay's call number is `base | next_replay()`), the outputs to check."""
+    """A captured graph: its id, how many calls it captured, the call number
+    of its next replay (`next_replay()`: the id and replay number packed),
+    the outputs to check."""
 
-    __slots__ = ("graph_id", "calls", "base", "next_replay", "outputs")
+    __slots__ = ("graph_id", "calls", "next_replay", "outputs")
 
     def __init__(self, graph_id: int, calls: int) -> None:
-        self.graph_id, self.calls, self.base = graph_id, calls, graph_id << REPLAY_SHIFT
-        self.next_replay = itertools.count(1).__next__
+        self.graph_id, self.calls = graph_id, calls
+        self.next_replay = itertools.count((graph_id << REPLAY_SHIFT) + 1).__next__
         self.outputs: tuple = ()
 
 
@@ -205,7 +206,7 @@ def _before(args: tuple, kwargs: dict, _context=_context, _attribute=_ATTRIBUTE,
     if info is None:  # captured before recording began: a graph with no known calls
         info = Graph(next(_ids), 0)
         _keep(graph, info)
-    return _context.attributes, _flags, info.base | info.next_replay()
+    return _context.attributes, _flags, info.next_replay()
 
 
 def _after(args: tuple, call: "tuple | None", result: Any):
