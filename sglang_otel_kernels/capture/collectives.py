@@ -182,9 +182,14 @@ class Collective:
         return global_rank(value(args, kwargs, self._peer[0]), value(args, kwargs, self._peer[1]), ranks)
 
     def inputs(self, args: tuple, kwargs: dict) -> tuple[list, list]:
+        return self._tensors(args, kwargs, self._inputs)
+
+    @staticmethod
+    def _tensors(args: tuple, kwargs: dict, slots: tuple) -> tuple[list, list]:
+        """The shapes and dtypes of the tensors in these parameters."""
         shapes: list = []
         dtypes: list = []
-        for slot in self._inputs:
+        for slot in slots:
             tensor_fields(Parameters.value(args, kwargs, slot), shapes, dtypes)
         return shapes, dtypes
 
@@ -208,9 +213,7 @@ class Collective:
         in_shapes, in_dtypes = self.inputs(args, kwargs)
         out_shapes = out_dtypes = reduce = root = peer = tag = None
         if self._outputs:
-            shapes, dtypes = [], []
-            for slot in self._outputs:
-                tensor_fields(_value(args, kwargs, slot), shapes, dtypes)
+            shapes, dtypes = self._tensors(args, kwargs, self._outputs)
             if shapes:
                 out_shapes, out_dtypes = tuple(shapes), tuple(dtypes)
         if self._reduce is not None:

@@ -60,14 +60,12 @@ class Capture:
 
 
 class Graph:
-    """A captured graph: its id, how many calls it captured, the call number
-    of its next replay (`next_replay()`: the id and replay number packed),
-    the outputs to check."""
+    """A graph recorded here: the call number of its next replay
+    (`next_replay()`: its id and the replay's number packed), the outputs to check."""
 
-    __slots__ = ("graph_id", "calls", "next_replay", "outputs")
+    __slots__ = ("next_replay", "outputs")
 
-    def __init__(self, graph_id: int, calls: int) -> None:
-        self.graph_id, self.calls = graph_id, calls
+    def __init__(self, graph_id: int) -> None:
         self.next_replay = itertools.count((graph_id << REPLAY_SHIFT) + 1).__next__
         self.outputs: tuple = ()
 
@@ -164,7 +162,7 @@ def _end(original: Callable) -> Callable:
                 _ended(capture)
         if capture is not None:  # captured whole: its calls are the suspects of its replays
             try:
-                _keep(graph, Graph(capture.graph_id, len(capture.calls) + capture.left_out))
+                _keep(graph, Graph(capture.graph_id))
                 captured_calls[capture.graph_id] = len(capture.calls) + capture.left_out
                 writer = current_writer()
                 if writer is not None and not writer.failed:
@@ -204,7 +202,7 @@ def _before(args: tuple, kwargs: dict, _context=_context, _attribute=_ATTRIBUTE,
     graph = args[0] if args else None
     info = getattr(graph, _attribute, None) or _graph_of(graph)
     if info is None:  # captured before recording began: a graph with no known calls
-        info = Graph(next(_ids), 0)
+        info = Graph(next(_ids))
         _keep(graph, info)
     return _context.attributes, _flags, info.next_replay()
 
@@ -266,7 +264,7 @@ def watch_graph_outputs(graph: Any, outputs: Any) -> None:
     _tensors(outputs, tensors, 0)
     info = _graph_of(graph)
     if info is None:
-        info = Graph(next(_ids), 0)
+        info = Graph(next(_ids))
         _keep(graph, info)
     info.outputs = tuple(tensors[:MAX_OUTPUTS])
 

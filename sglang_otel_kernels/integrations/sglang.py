@@ -122,16 +122,15 @@ _RANKS = (("tp_rank", "tp_rank"), ("pp_rank", "pp_rank"), ("dp_rank", "dp_rank")
           ("attn_tp_rank", "attn_tp_rank"), ("attn_dp_rank", "attn_dp_rank"))
 
 
-def _learn_ranks() -> bool:
+def _learn_ranks() -> None:
     """This scheduler's ranks as SGLang published them, into the trace file
-    and the resource; whether any was found. Each is read on its own: an
-    unpublished one raises."""
+    and the resource. Each is read on its own: an unpublished one raises."""
     from ..record import identity
 
     try:
         parallel = importlib.import_module(RUNTIME_CONTEXT_MODULE).get_parallel()
     except Exception:
-        return False
+        return
     found = {}
     for theirs, ours in _RANKS:
         try:
@@ -141,7 +140,6 @@ def _learn_ranks() -> bool:
         if type(value) is int:
             found[ours] = value
     identity.update(**found)
-    return bool(found)
 
 
 def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
@@ -151,12 +149,13 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
         return
     from ..capture.requests import forward_batch
 
-    learnt = []
+    learnt = []  # once a batch has run
 
     @functools.wraps(original)
     def run_batch(self, batch, *args, **kwargs):
         if not learnt:  # a scheduler made without its __init__ (or before the ranks were published)
-            learnt.append(_learn_ranks())
+            learnt.append(True)
+            _learn_ranks()
         requests = [_request_context(request) for request in (getattr(batch, "reqs", None) or ())]
         # Every tensor-parallel rank runs the same step on the same requests: one trace for all.
         key = (getattr(self, "forward_ct", None), tuple(str(rid) for _, rid in requests))
@@ -168,8 +167,8 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
-        # Ranks known before the model loads and its kernels run.
-        learnt.append(_learn_ranks())
+        # Ranks known before the model loads and its kernels run (the first batch looks again).
+        _learn_ranks()
         return init(self, *args, **kwargs)
 
     handle.add(Patch(scheduler, "__init__", __init__))

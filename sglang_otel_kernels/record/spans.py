@@ -247,12 +247,13 @@ class KernelSpans:
             if processors._span_processors is not self._seen:
                 self._refresh_targets(processors)
             if self._targets is not None:
-                attributes = {NAME: name, LEVEL: level, SEQ: seq}
                 if flags & tracefile.FLAG_GRAPH_REPLAY:
                     attributes = {NAME: name, LEVEL: level, **tracefile.replay_fields(seq)}
                     calls = captured_calls.get(attributes[GRAPH_ID])
                     if calls is not None:
                         attributes[GRAPH_CALLS] = calls
+                else:
+                    attributes = {NAME: name, LEVEL: level, SEQ: seq}
                 if extra:
                     attributes.update(tracefile.unpack_collective(extra[1] if flags & tracefile.FLAG_INLINE_NAME
                                                                   else extra))

@@ -417,10 +417,7 @@ def _content(payload: bytes, encoding: int):
                    if type(number) is int and value is not None}
         threads = {ident: utf8(name) for ident, name in record[2].items() if _is_u64(ident) and type(name) is str}
         identity = _identity(record[3]) if len(record) >= 4 else {}
-        graphs = record[4] if len(record) == 5 else {}
-        graphs = {n: g for n, g in ((n, _graph(*g) if type(g) is tuple and len(g) == 2 else None)
-                                    for n, g in graphs.items()) if _is_u64(n) and g is not None} \
-            if type(graphs) is dict else None
+        graphs = _graphs(record[4]) if len(record) == 5 else {}
         return None if identity is None or graphs is None else (fmt.TABLE, symbols, threads, identity, graphs)
     if kind == fmt.GRAPH and len(record) == 4 and _is_u64(record[1]):
         graph = _graph(record[2], record[3])
@@ -478,6 +475,19 @@ def _graph(calls, left_out) -> "tuple | None":
             return None
         clean.append((utf8(call[0]) if type(call[0]) is str else call[0], shapes, dtypes))
     return tuple(clean), left_out
+
+
+def _graphs(value) -> "dict | None":
+    """A TABLE's graphs (id -> their calls, see `_graph`), the malformed
+    ones left out; None when it is no dict."""
+    if type(value) is not dict:
+        return None
+    kept = {}
+    for graph_id, graph in value.items():
+        graph = _graph(*graph) if _is_u64(graph_id) and type(graph) is tuple and len(graph) == 2 else None
+        if graph is not None:
+            kept[graph_id] = graph
+    return kept
 
 
 def _identity(value) -> "dict | None":
@@ -609,9 +619,9 @@ def _kernel_span(data, view: memoryview, offset: int, length: int, _unpack=fmt.K
     high, low, span_id, parent_id, start, thread, name, kind, flags, seq, level = _unpack(data, offset)
     if start < 0 or kind > 4:
         return None
-    attributes: "dict | None" = {NAME: None, LEVEL: level, SEQ: seq}  # the name, once resolved, goes first
-    if flags & fmt.FLAG_GRAPH_REPLAY:  # a CUDA graph's replay: its graph and replay number, not a call number
-        attributes = {NAME: None, LEVEL: level, **fmt.replay_fields(seq)}
+    # The name, once resolved, goes first; a CUDA graph's replay has its graph and replay number, not a call number.
+    attributes: "dict | None" = ({NAME: None, LEVEL: level, **fmt.replay_fields(seq)}
+                                 if flags & fmt.FLAG_GRAPH_REPLAY else {NAME: None, LEVEL: level, SEQ: seq})
     if flags & fmt.FLAG_BLACKBOX:
         attributes[BLACKBOX] = True
     if length > _size:

@@ -190,8 +190,8 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     first_bad = min(nonfinite, key=by_start, default=None)
     in_flight = [dict(call_summary(s, by_id, f, now), in_flight_in_dead_process=not f.live)
                  for s, f in sorted(in_flight_spans, key=by_start)]
-    at_death = [dict(call_summary(s, by_id, f, now), seconds_before_death=round((f.last_alive - s.end_time) / 1e9, 1))
-                for s, f in (_replay_at_death(c) for c in contents) if s is not None]
+    at_death = [dict(call_summary(s, by_id, c, now), seconds_before_death=round((c.last_alive - s.end_time) / 1e9, 1))
+                for c in contents if (s := _replay_at_death(c)) is not None]
     failed = [call_summary(s, by_id, f, now) for s, f in sorted(failed_spans, key=by_start)]
     tracebacks = {}
     for content in contents:
@@ -226,17 +226,15 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     }
 
 
-def _replay_at_death(contents: TraceFileContents) -> tuple:
+def _replay_at_death(contents: TraceFileContents) -> RecoveredSpan | None:
     """A dead process's newest CUDA graph replay, ended on the CPU: a graph's
     kernels run on the GPU after `replay()` returns, so a process killed in a
     hang, or by a device error, while they ran has no replay in flight."""
     if contents.live or contents.exited:
-        return None, contents
+        return None
     newest = max((span for span in contents.spans if GRAPH_REPLAY in span.attributes),
                  key=lambda span: span.start_time, default=None)
-    if newest is None or newest.in_flight:  # one in flight is in the report's in_flight already
-        return None, contents
-    return newest, contents
+    return None if newest is None or newest.in_flight else newest  # one in flight is in in_flight already
 
 
 def _ranks(value: Any) -> dict[str, str]:
