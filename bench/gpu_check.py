@@ -1,4 +1,4 @@
-"""Every GPU claim of the README, checked in one run on a machine with CUDA;
+"""Every GPU claim of the README and docs/, checked in one run on a machine with CUDA;
 on a CPU every section runs and says what it skipped.
 
 Self-contained for a lent machine that has torch but no OpenTelemetry and
@@ -10,7 +10,7 @@ no network: fetch the pure-Python wheels here, carry them, install them there.
 
 Sections (each isolated: one that fails never stops the others; children
 time out after 90 s; about 6 minutes in all), each printed and written to the
-JSON summary with what the README claims beside what was measured:
+JSON summary with what the documentation claims beside what was measured:
   syncs      synchronisations per call at levels 1, 3, 5, 10 and during graph capture
   stats      level-5 statistics on 1 GiB float32 and bfloat16 against one aminmax; a dtype sweep
   capture    a CUDA graph captured at levels 3, 5, 10 and in the black box, text log and trace
@@ -162,7 +162,7 @@ def stats(directory: str) -> dict:
     from sglang_otel_kernels.describe.tensors import describe_tensor
 
     result: dict = {"claim": "two reads of each tensor (aminmax, mean) plus a float32 view when not float32; "
-                             "README's CPU figure 1.7x to 2.3x one aminmax"}
+                             "docs/performance.md's CPU figure 1.7x to 2.3x one aminmax"}
     sweep = {
         "float8_e4m3fn": lambda d: torch.tensor([1.0, float("nan"), 2.0], device=d).to(torch.float8_e4m3fn),
         "float8_e5m2": lambda d: torch.tensor([1.0, float("inf"), 2.0], device=d).to(torch.float8_e5m2),

@@ -1,6 +1,5 @@
-"""The attribute names this package writes on spans (README.md, "Span
-schema"): public contracts, in one place, torch-free so the recovery tools
-can use them."""
+"""The attribute names this package writes on spans (docs/span-schema.md):
+public contracts, in one place, torch-free so the recovery tools can use them."""
 
 TRACER_NAME = "sglang_otel_kernels"  # the instrumentation scope of kernel spans
 PREFIX = "sglang.kernel."

@@ -1,4 +1,4 @@
-"""Span attributes from described values (schema in README.md).
+"""Span attributes from described values (schema in docs/span-schema.md).
 
 A value at PATH (`input.arg0`, `input.<keyword>`, `output`, items extending
 the path) becomes `sglang.kernel.PATH` for a plain value, or
