@@ -154,20 +154,26 @@ def _replay(options) -> int:
 def _rerun(options) -> int:
     import json
 
-    from .recover.rerun import DumpError, render, rerun
+    from .recover.rerun import DumpError, render, render_header, rerun
 
     if options.rtol < 0 or options.atol < 0:
         raise _Failure("--rtol and --atol must be 0 or more")
+
+    def header(report: dict) -> None:  # before the call runs: a crash of the child cannot take it
+        if not options.json:
+            sys.stdout.write(render_header(report))
+            sys.stdout.flush()
+
     try:
         report = rerun(options.dump_dir, function=options.function, device=options.device,
-                       rtol=options.rtol, atol=options.atol)
+                       rtol=options.rtol, atol=options.atol, on_start=header)
     except DumpError as exc:
         raise _Failure(str(exc)) from None
     if options.json:
         print(json.dumps(report, indent=2, default=repr))
     else:
         sys.stdout.write(render(report))
-    return 0 if report["reproduced"] else 1
+    return 0 if report["reproduced"] and not report.get("died") else 1
 
 
 def _run(options) -> int:

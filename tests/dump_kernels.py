@@ -21,9 +21,15 @@ def scale_wrong(x, factor, *, dtype=None, bias=None):
 
 def gather(table, index):
     """Fails on an out-of-range index, as a kernel's bounds check does; with
-    DUMP_KERNELS_DIE set it kills the process instead, as a GPU fault does."""
+    DUMP_KERNELS_DIE set it kills the process instead, as a GPU fault does
+    (`abort`: SIGABRT, `segv`: SIGSEGV, else exit status 3)."""
     if int(index.max()) >= table.shape[0]:
-        if os.environ.get("DUMP_KERNELS_DIE"):
+        how = os.environ.get("DUMP_KERNELS_DIE")
+        if how == "abort":
+            os.abort()
+        if how == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if how:
             os._exit(3)
         raise IndexError(f"index {int(index.max())} out of range for {table.shape[0]} rows")
     return table[index]

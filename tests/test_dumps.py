@@ -4,6 +4,7 @@ filters, crash survival, and `sglang-otel-kernels rerun`."""
 import json
 import os
 import random
+import signal
 import re
 import stat
 import subprocess
@@ -281,6 +282,65 @@ def test_rerun_of_a_call_that_killed_its_process_runs_it_again(tmp_path):
     assert "recorded:  inputs_saved (the process ended during the call)" in rerun.stdout
     assert "re-run:    raised IndexError: index 9 out of range for 4 rows" in rerun.stdout
     assert "verdict:   reproduced a failure: raised IndexError" in rerun.stdout
+
+
+@pytest.mark.parametrize("how, signal_name", [("abort", "SIGABRT"), ("segv", "SIGSEGV")])
+def test_rerun_of_a_call_that_kills_the_rerun_survives_it_and_says_so(tmp_path, how, signal_name):
+    script = (
+        "import torch, dump_kernels\n"
+        "dump_kernels.decorate_all()['gather'](torch.ones(4, 2), torch.tensor([1, 9]))\n"
+    )
+    env = {"PYTHONPATH": TESTS, "DUMP_KERNELS_DIE": how, "SGLANG_KERNEL_API_LOGLEVEL": "10",
+           "SGLANG_KERNEL_API_LOGDEST": "off", "SGLANG_KERNEL_API_TRACEFILE": "off", "SGLANG_KERNEL_API_DUMP_DIR": "dumps"}
+    assert run_python(script, tmp_path, env).returncode == -getattr(signal, signal_name)
+    [directory] = (tmp_path / "dumps").iterdir()
+    rerun = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "rerun", str(directory),
+                            "--function", "dump_kernels:gather"],
+                           env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 1, rerun.stderr
+    lines = rerun.stdout.splitlines()
+    assert lines[0] == f"dump:      {directory}"  # the header, printed before the call ran
+    assert "recorded:  inputs_saved (the process ended during the call)" in lines
+    assert f"re-run:    the process died ({signal_name}); its stderr ended with:" in lines
+    assert any("Fatal Python error" in line and line.startswith("  | ") for line in lines)  # the child's stderr tail
+    assert lines[-1] == f"verdict:   reproduced: the call died with {signal_name}"
+
+
+def test_rerun_of_a_script_function_suggests_a_name_that_works_and_skips_what_the_script_does(tmp_path):
+    script = tmp_path / "my_script.py"
+    script.write_text(
+        "import torch\n"
+        "import sglang_otel_kernels as sok\n"
+        "SCALE = 2.0\n"
+        "@sok.debug_kernel_api\n"
+        "def gather(table, index):\n"
+        "    return table[index] * SCALE\n"
+        "print('top level ran')\n"
+        "gather(torch.ones(4, 2), torch.tensor([1, 3]))\n"
+        "if __name__ == '__main__':\n"
+        "    print('main block ran')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update({"SGLANG_KERNEL_API_LOGLEVEL": "10", "SGLANG_KERNEL_API_LOGDEST": "off",
+                "SGLANG_KERNEL_API_TRACEFILE": "off", "SGLANG_KERNEL_API_DUMP_DIR": "dumps"})
+    ran = subprocess.run([sys.executable, "my_script.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert ran.returncode == 0 and "main block ran" in ran.stdout, ran.stderr
+    [directory] = (tmp_path / "dumps").iterdir()
+
+    def rerun(*args):
+        return subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "rerun", str(directory), *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    refused = rerun()
+    assert refused.returncode == 2
+    suggested = re.search(r"--function (\S+)$", refused.stderr.strip()).group(1)
+    assert suggested == "my_script.py:gather"
+    done = rerun("--function", suggested)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict:   reproduced: the outputs match the saved ones" in done.stdout
+    assert "top level ran" not in done.stdout and "main block ran" not in done.stdout
+    assert len(list((tmp_path / "dumps").iterdir())) == 1  # the script's own call did not run again
 
 
 def test_rerun_finds_a_torch_builtin(record, tmp_path, capsys):

@@ -44,8 +44,9 @@ SKIPPED_CAPTURE = "graph capture in progress"
 
 
 def import_path(func: Any) -> str | None:
-    """`module:qualname` of a function, or `torch.ops.<ns>:<op>` of a torch op;
-    None when there is nothing to import it by."""
+    """`module:qualname` of a function (`path/to/script.py:qualname` for one
+    a script run as `__main__` defined), or `torch.ops.<ns>:<op>` of a torch
+    op; None when there is nothing to import it by."""
     qualified = getattr(func, "_qualified_op_name", None)  # torch.ops packets and overloads
     if isinstance(qualified, str) and "::" in qualified:
         namespace, name = qualified.split("::", 1)
@@ -53,6 +54,9 @@ def import_path(func: Any) -> str | None:
     module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
     if not (isinstance(module, str) and isinstance(qualname, str)):
         return None
+    script = getattr(getattr(func, "__code__", None), "co_filename", "")
+    if module == "__main__" and script.endswith(".py") and os.path.isfile(script):
+        return f"{os.path.abspath(script)}:{qualname}"  # `__main__` is no name to import it by later
     # A builtin's qualname may not lead back to it (torch.mul's is
     # `_VariableFunctionsClass.mul`); its plain name on the module may.
     name = getattr(func, "__name__", None)

@@ -6,17 +6,28 @@ The function to run is always given by the user (`--function`): a dump is
 data, and the import path its metadata records is shown, never run on the
 dump's word (a crafted `metadata.json` could name `os:system`). Works on
 SGLang's own dumps too (same layout).
+
+The call runs in a child process (`rerun`, which runs `rerun_here` there):
+reproducing a crash is what this command is for, and a call that kills its
+process must leave the parent alive to say so (`reproduced: the call died
+with SIGABRT`, with the child's stderr tail).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
+import json
 import math
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import traceback
+import types
 from typing import Any, Callable
 
 import torch
@@ -37,12 +48,18 @@ _MAX_ARGUMENTS = 4096
 _MAX_ITEMS = 1 << 16
 
 
-def _load_tensors(directory: str, name: str, keys: list) -> dict:
-    if not keys:
-        return {}
+def _tensor_file(directory: str, name: str, keys: list) -> str:
+    """The path of a dump's tensor file that `keys` are in, or a DumpError when it is missing."""
     path = os.path.join(directory, name)
     if not os.path.isfile(path):  # missing, or a FIFO that would block the load
         raise DumpError(f"{directory}: incomplete dump, {name} is missing (metadata lists tensors {keys[:4]})")
+    return path
+
+
+def _load_tensors(directory: str, name: str, keys: list) -> dict:
+    if not keys:
+        return {}
+    path = _tensor_file(directory, name, keys)
     try:
         tensors = torch.load(path, map_location="cpu", weights_only=True)  # data only: never unpickles code
     except Exception as exc:
@@ -109,11 +126,8 @@ def _top_level(keys: set, marker: str) -> list:
     return [p for p in paths if not any(p != c and p.startswith(c + "_") for c in containers)]
 
 
-def load_call(directory: str, device: str | None = None, notes: list | None = None) -> tuple[dict, list, dict, dict]:
-    """(metadata, positional arguments, keyword arguments, saved output
-    tensors); input tensors on their recorded device or `device` (what could
-    not be placed is said in `notes`). metadata.json is hostile input: a
-    field of the wrong type or size is a DumpError naming it."""
+def read_dump_metadata(directory: str) -> dict:
+    """A dump's metadata.json, or a DumpError saying why there is none."""
     if not os.path.isdir(directory):
         raise DumpError(f"{directory}: not a directory (a dump is one call's directory)" if os.path.exists(directory)
                         else f"{directory}: no such dump directory")
@@ -124,6 +138,15 @@ def load_call(directory: str, device: str | None = None, notes: list | None = No
                         "(the process ended before the inputs were saved)") from None
     except (OSError, ValueError) as exc:
         raise DumpError(f"{directory}: {_dumps.METADATA} cannot be read ({exc})") from None
+    return metadata
+
+
+def load_call(directory: str, device: str | None = None, notes: list | None = None) -> tuple[dict, list, dict, dict]:
+    """(metadata, positional arguments, keyword arguments, saved output
+    tensors); input tensors on their recorded device or `device` (what could
+    not be placed is said in `notes`). metadata.json is hostile input: a
+    field of the wrong type or size is a DumpError naming it."""
+    metadata = read_dump_metadata(directory)
     tensors = _load_tensors(directory, _dumps.INPUTS, _texts(metadata.get("input_tensor_keys") or [], "input_tensor_keys"))
     devices = _mapping(metadata.get("input_tensor_devices") or {}, "input_tensor_devices")
     tensors = _placed(tensors, devices, device, [] if notes is None else notes)
@@ -184,14 +207,10 @@ def resolve(path: str) -> Callable[..., Any]:
                             "--function the Python function (or a module that registers the op)") from None
     if module_name == "__main__":
         raise DumpError(f"function {path!r} was defined in a script run as __main__; "
-                        "pass --function path/to/script.py:name")
+                        f"pass --function path/to/script.py:{qualname} (the script that defined it)")
     try:
         if module_name.endswith(".py"):
-            spec = importlib.util.spec_from_file_location("_sok_rerun_target", module_name)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load {module_name}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            module = load_definitions(module_name)
         else:
             # As `python -m` would: a module in the working directory is
             # found even from the installed console script.
@@ -214,6 +233,35 @@ def resolve(path: str) -> Callable[..., Any]:
     if not callable(target):
         raise DumpError(f"{path} is not callable")
     return inspect.unwrap(target)
+
+
+def _runs_on_load(statement: ast.stmt) -> bool:
+    """Whether a script's top-level statement runs when `rerun` loads the
+    script for a function: imports, definitions and assignments (what a
+    function may need) do; bare calls, loops, `with` blocks and the
+    `if __name__ == "__main__":` block (what the script does) do not."""
+    if isinstance(statement, ast.If):
+        test = statement.test
+        return not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+                    and test.left.id == "__name__")
+    return isinstance(statement, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                  ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Try))
+
+
+def load_definitions(path: str) -> types.ModuleType:
+    """A script as a module holding its definitions, without what it does
+    (`_runs_on_load`); its directory is importable, as when it runs."""
+    with open(path, "rb") as handle:
+        tree = ast.parse(handle.read(), filename=path)
+    tree.body = [statement for statement in tree.body if _runs_on_load(statement)]
+    module = types.ModuleType("_sok_rerun_target")
+    module.__file__ = os.path.abspath(path)
+    sys.modules[module.__name__] = module  # dataclasses and pickling look their module up
+    directory = os.path.dirname(module.__file__)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    exec(compile(tree, path, "exec"), module.__dict__)  # the user named this script (--function)
+    return module
 
 
 # -- comparing --------------------------------------------------------------------
@@ -249,28 +297,134 @@ def compare_tensor(key: str, now: torch.Tensor, saved: torch.Tensor | None, rtol
     return entry
 
 
-def rerun(directory: str, function: str | None = None, device: str | None = None,
-          rtol: float = 1e-5, atol: float = 1e-8) -> dict:
-    """Re-runs the call in `directory`; returns the report (see `render`)."""
-    notes: list = []
-    metadata, positional, keyword, saved = load_call(directory, device, notes)
+def _needs_function(directory: str, metadata: dict, function: str | None) -> None:
+    """A DumpError saying what to pass when --function is missing."""
+    if function is not None:
+        return
+    # A dump is data: what it names is shown, and runs only on the user's word.
     named = metadata.get("function")
-    if function is None:
-        # A dump is data: what it names is shown, and runs only on the user's word.
-        if metadata.get("self_skipped"):
-            raise DumpError(f"{metadata.get('function_name')} was called as a method and its object was not saved; "
-                            "pass --function a function taking the same arguments")
-        if isinstance(named, str) and named:
-            raise DumpError(f"the dump names the function {named!r}; a dump's metadata never chooses code to run, "
-                            f"so say it: sglang-otel-kernels rerun {directory} --function {named}")
-        raise DumpError(f"{directory}: the dump does not say where its function is (an SGLang dump?); "
-                        "pass --function module:qualname")
-    target = resolve(function)
+    if metadata.get("self_skipped"):
+        raise DumpError(f"{metadata.get('function_name')} was called as a method and its object was not saved; "
+                        "pass --function a function taking the same arguments")
+    if isinstance(named, str) and named:
+        module, _, qualname = named.partition(":")
+        if module == "__main__":  # an older dump: the script that defined it is not recorded
+            raise DumpError(f"the dump names the function {named!r}, defined in a script run as __main__; say "
+                            f"which script: sglang-otel-kernels rerun {directory} --function path/to/script.py:{qualname}")
+        raise DumpError(f"the dump names the function {named!r}; a dump's metadata never chooses code to run, "
+                        f"so say it: sglang-otel-kernels rerun {directory} --function {_shown_path(named)}")
+    raise DumpError(f"{directory}: the dump does not say where its function is (an SGLang dump?); "
+                    "pass --function module:qualname")
+
+
+def _shown_path(function: str) -> str:
+    """`script.py:name` relative to the working directory when the script is under it."""
+    module, _, qualname = function.rpartition(":")
+    if not module.endswith(".py") or not os.path.isabs(module):
+        return function
+    relative = os.path.relpath(module)
+    return f"{relative}:{qualname}" if not relative.startswith(os.pardir) else function
+
+
+def _header(directory: str, metadata: dict, function: str) -> dict:
     status = metadata.get("execution_status")
     exception = metadata.get("exception")
     recorded = {"status": status, "exception": exception if isinstance(exception, dict) else None}
-    report: dict = {"dump": os.path.abspath(directory), "name": metadata.get("function_name"), "function": function,
-                    "recorded": recorded, "notes": notes, "outputs": []}
+    return {"dump": os.path.abspath(directory), "name": metadata.get("function_name"), "function": function,
+            "recorded": recorded, "notes": [], "outputs": []}
+
+
+STDERR_TAIL = 20  # lines of a dead child's stderr shown
+_CHILD = "from sglang_otel_kernels.recover.rerun import child_main; child_main()"
+
+
+def rerun(directory: str, function: str | None = None, device: str | None = None,
+          rtol: float = 1e-5, atol: float = 1e-8, on_start: Callable[[dict], None] | None = None) -> dict:
+    """Re-runs the call in `directory` in a child process; returns the report
+    (see `render`). `on_start(report)` sees the dump's part before the call runs."""
+    metadata = read_dump_metadata(directory)
+    inputs = _texts(metadata.get("input_tensor_keys") or [], "input_tensor_keys")
+    if inputs:
+        _tensor_file(directory, _dumps.INPUTS, inputs)  # an incomplete dump is said before anything else
+    _needs_function(directory, metadata, function)
+    report = _header(directory, metadata, function)
+    if on_start is not None:
+        on_start(report)
+    request = {"directory": directory, "function": function, "device": device, "rtol": rtol, "atol": atol,
+               "sys_path": sys.path}
+    # The child records nothing: the re-run is not a kernel call of this job.
+    env = {**os.environ, "SGLANG_KERNEL_API_LOGLEVEL": "0"}
+    with tempfile.TemporaryDirectory(prefix="sok-rerun-") as scratch:
+        paths = [os.path.join(scratch, name) for name in ("request.json", "result.json", "stderr")]
+        with open(paths[0], "w", encoding="utf-8") as handle:
+            json.dump(request, handle)
+        with open(paths[2], "w+b") as stderr:
+            child = subprocess.run([sys.executable, "-c", _CHILD, paths[0], paths[1]], env=env, stderr=stderr)
+            stderr.seek(0)
+            errors = stderr.read().decode("utf-8", "replace")
+        try:
+            with open(paths[1], encoding="utf-8") as handle:
+                result = json.load(handle)
+        except (OSError, ValueError):
+            result = None
+    if result is not None and "error" in result:
+        raise DumpError(result["error"])
+    if result is not None:
+        sys.stderr.write(errors)  # the call's own warnings, as if it ran here
+        report.update(result)
+        return report
+    return _died(report, child.returncode, errors)
+
+
+def _died(report: dict, returncode: int, errors: str) -> dict:
+    """The report of a call whose process died before it could say how it went."""
+    how = (f"{signal.Signals(-returncode).name}" if returncode < 0 and -returncode in signal.valid_signals()
+           else f"exit status {returncode}")
+    tail = errors.rstrip().splitlines()[-STDERR_TAIL:]
+    cuda = next((line.strip() for line in reversed(tail) if "CUDA error" in line or "device-side assert" in line
+                 or "illegal memory access" in line), None)
+    report["rerun"] = {"status": "died", "how": how, "returncode": returncode, "cuda_error": cuda,
+                       "stderr_tail": tail}
+    report["died"] = True
+    died = f"the call died with {how}" + (f" ({cuda})" if cuda else "")
+    recorded = report["recorded"]
+    if recorded["status"] == _dumps.STATUS_SAVED:
+        report["reproduced"], report["verdict"] = True, f"reproduced: {died}"
+    elif recorded["status"] == _dumps.STATUS_EXCEPTION:
+        report["reproduced"] = False
+        report["verdict"] = f"differs: {died}, the dump recorded {(recorded['exception'] or {}).get('type')}"
+    else:
+        report["reproduced"], report["verdict"] = False, f"differs: {died}, the original call completed"
+    return report
+
+
+def child_main() -> None:
+    """The child `rerun` starts: runs the call, writes what happened as JSON."""
+    import faulthandler
+
+    faulthandler.enable()  # a fatal signal leaves the Python stack in the stderr tail
+    request_path, result_path = sys.argv[1:3]
+    with open(request_path, encoding="utf-8") as handle:
+        request = json.load(handle)
+    sys.path[:] = request.pop("sys_path")
+    try:
+        result = rerun_here(**request)
+    except DumpError as exc:
+        result = {"error": str(exc)}
+    with open(result_path + ".part", "w", encoding="utf-8") as handle:
+        json.dump(result, handle, default=repr)
+    os.replace(result_path + ".part", result_path)
+
+
+def rerun_here(directory: str, function: str, device: str | None = None,
+               rtol: float = 1e-5, atol: float = 1e-8) -> dict:
+    """Re-runs the call in `directory` in this process; returns the report."""
+    notes: list = []
+    metadata, positional, keyword, saved = load_call(directory, device, notes)
+    target = resolve(function)
+    report = _header(directory, metadata, function)
+    report["notes"] = notes
+    status, recorded = metadata.get("execution_status"), report["recorded"]
     try:
         result = target(*positional, **keyword)
         if torch.cuda.is_available():
@@ -321,7 +475,8 @@ def rerun(directory: str, function: str | None = None, device: str | None = None
     return report
 
 
-def render(report: dict) -> str:
+def render_header(report: dict) -> str:
+    """The dump's part of the report: what ran, what was recorded."""
     recorded = report["recorded"]
     lines = [f"dump:      {report['dump']}", f"kernel:    {report['name']}  ({report['function']})"]
     if recorded["status"] == _dumps.STATUS_EXCEPTION and recorded.get("exception"):
@@ -330,9 +485,18 @@ def render(report: dict) -> str:
         lines.append("recorded:  inputs_saved (the process ended during the call)")
     else:
         lines.append(f"recorded:  {recorded['status']}")
+    return "\n".join(lines) + "\n"
+
+
+def render(report: dict) -> str:
+    """What the re-run did, below `render_header`'s lines."""
+    lines = []
     outcome = report["rerun"]
     if outcome["status"] == "exception":
         lines.append(f"re-run:    raised {outcome['type']}: {outcome['message']}")
+    elif outcome["status"] == "died":
+        lines.append(f"re-run:    the process died ({outcome['how']}); its stderr ended with:")
+        lines += [f"  | {line}" for line in outcome["stderr_tail"]] or ["  | (nothing)"]
     else:
         lines.append("re-run:    completed")
     for entry in report["outputs"]:
