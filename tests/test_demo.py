@@ -49,6 +49,18 @@ def test_demo_crash_reports_what_the_dead_process_left(tmp_path):
     assert "batch decode_batch: requests req-0001, req-0002, req-0003, req-0004, req-0005 (5 traces linked)" in crashed
     # No endpoint set: the hint is to replay the file to a local Collector.
     assert "replay sglang_kernel_trace_" in out and "--endpoint http://127.0.0.1:4317" in out
+    # The spans around the call: one line per name with its traces, wrapped.
+    unfinished = crashed.split("Also unfinished")[1].split("\n\n")[0].splitlines()
+    assert unfinished[1].startswith("  POST /generate (5): traces ")
+    assert all(len(line) <= 110 for line in unfinished[1:])
+    # The traceback: the thread that crashed first, the five HTTP threads waiting
+    # in the same place collapsed into one entry.
+    stacks = out.split("Python traceback")[1].split("\n\n", 1)[1].split("\n\nkernel ")[0]
+    assert stacks.splitlines()[0].startswith("  Current thread 0x")
+    assert "in embedding" in stacks.split("\n\n")[0]
+    assert re.search(r"  Thread 0x[0-9a-f]+ and 4 more threads with the same stack", stacks)
+    assert stacks.count(" in app\n") == 1
+    assert all(len(line) <= 130 for line in stacks.splitlines() if 'File "' not in line)
 
 
 def assert_batch_inputs_match_requests(block: str, request_id) -> None:

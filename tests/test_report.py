@@ -57,6 +57,37 @@ def test_report_names_the_call_its_inputs_and_its_requests(left_file):
     assert "sglang.custom_op.rmsnorm" in out.split("kernel ")[-1]  # the per-kernel summary
 
 
+def test_report_shows_the_output_that_proves_the_nan_and_words_statuses(left_file):
+    _, path = left_file
+    out = cli("report", str(path)).stdout
+    first = out.split("First call that produced NaN/Inf from finite inputs:\n")[1].split("\n\n")[0]
+    assert "arg0 = Tensor(shape=(3,), dtype=torch.float32" in first and "nan_count=0" in first
+    assert "  -> output = Tensor(shape=(3,), dtype=torch.float32" in first and "nan_count=3" in first
+    last = out.split("completed calls:\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split("  ")[-1] for line in last] == ["ok", "ok"] + (["error"] if "raise" in str(left_file) else [])
+    assert "UNSET" not in out
+
+
+def test_a_first_call_does_not_carry_the_recorders_set_up(tmp_path):
+    script = """
+import time, sglang_otel_kernels as sok
+from sglang_otel_kernels.record import tracefile
+opened = tracefile.TraceFileWriter._open
+def slow_open(self):  # the file's creation, made slow: it must not count as the call's time
+    time.sleep(0.5)
+    return opened(self)
+tracefile.TraceFileWriter._open = slow_open
+sok.configure(level=1, log_dest="off", trace_file="t.sgltrace")
+noop = sok.debug_kernel_api(op_name="noop")(lambda: None)
+noop()
+noop()
+"""
+    assert run_python(script, tmp_path).returncode == 0
+    report = json.loads(cli("report", str(tmp_path / "t.sgltrace"), "--json").stdout)
+    durations = [call["duration_us"] for call in report["last_calls"]]
+    assert len(durations) == 2 and max(durations) < 100_000, durations
+
+
 def test_report_json_parses_and_holds_the_same(left_file):
     mode, path = left_file
     proc = cli("report", str(path), "--json", "--last", "2")

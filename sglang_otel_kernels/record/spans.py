@@ -228,19 +228,20 @@ class KernelSpans:
         flags |= self.flags | kind_flags
         span_id = _bits(64) or 1
         writer = _processor._current
-        start = _now()
         if writer is not None and not writer.failed:
             if state[NOTED] is not writer:
-                writer.note_thread(state)
+                writer.note_thread(state)  # the thread's first record: on the first call, the file's creation
             symbol = writer.symbols.get(name) or writer.symbol(name)
             if not symbol:  # no room in the name table: written inline
                 flags |= tracefile.FLAG_INLINE_NAME
                 extra = (name, extra or {})
+            start = _now()  # after the recorder's set-up, which is not the call's time
             record = _pack(trace_id >> 64, trace_id & _LOW64, span_id, parent_id, start, state[IDENT],
                            symbol, 0, flags, seq, level)
             writer.write_record(_kind, record + _encode(extra) if extra else record)
         else:
             writer = None
+            start = _now()
         attributes = None
         processors = self._processors
         if processors is not None:

@@ -58,7 +58,7 @@ def _call_text(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents: T
     """What hovering or clicking a call shows: the report's lines for it, and its timing."""
     call = call_summary(span, by_id, contents)
     timing = ("still running at the end of the file" if span.in_flight
-              else f"{call['duration_us']} us, status {call['status']} {call['description']}".rstrip())
+              else f"{call['duration_us']} us, {call['state']} {call['description']}".rstrip())
     return "\n".join([*call_lines(call, indent=""), "  " + timing])
 
 

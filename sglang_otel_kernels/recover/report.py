@@ -4,17 +4,19 @@ process ended, readable at a glance or as one JSON document."""
 from __future__ import annotations
 
 import os
+import textwrap
 import time
 from typing import Any
 
 from ..config import DEFAULT_HANG_SECONDS
 from ..record.tracefile import traceback_path
 from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY,
-                      GRAPH_SUSPECT, INPUT_PREFIX, NAME, REPLAY_NAME, REQUEST_ID, SEQ)
+                      GRAPH_SUSPECT, INPUT_PREFIX, NAME, PREFIX, REPLAY_NAME, REQUEST_ID, SEQ)
 from .digest import Digest, digest, produced_nonfinite
 from .ranks import cross_rank, rank_of, timestamp
 from .ranks import render as render_verdict
 from .reader import RecoveredSpan, TraceFileContents, read_text
+from .stacks import tidy_stacks
 
 _TENSOR_FIELDS = ("shape", "dtype", "device", "stride", "contiguous", "requires_grad",
                   "min", "max", "mean", "nan_count", "inf_count", "has_nan", "has_inf", "stats")
@@ -24,13 +26,14 @@ def is_kernel(span: RecoveredSpan) -> bool:
     return NAME in span.attributes
 
 
-def _inputs(span: RecoveredSpan) -> dict[str, Any]:
-    """Input attributes grouped by argument path: a tensor's fields become one dict."""
+def _grouped(span: RecoveredSpan, prefix: str) -> dict[str, Any]:
+    """Attributes under `prefix` grouped by path (an argument's, the
+    output's): a tensor's fields become one dict."""
     grouped: dict[str, Any] = {}
     for key, value in span.attributes.items():
-        if not key.startswith(INPUT_PREFIX):
+        if not key.startswith(prefix):
             continue
-        path = key[len(INPUT_PREFIX):]
+        path = key[len(PREFIX):] if prefix == OUTPUT_PREFIX else key[len(prefix):]
         head, _, field = path.rpartition(".")
         if head and field in _TENSOR_FIELDS:
             entry = grouped.setdefault(head, {})
@@ -39,6 +42,10 @@ def _inputs(span: RecoveredSpan) -> dict[str, Any]:
                 continue
         grouped.setdefault(path, value)
     return grouped
+
+
+OUTPUT_PREFIX = PREFIX + "output"  # `sglang.kernel.output.shape`, `sglang.kernel.output.0.shape`
+STATES = {"UNSET": "ok", "OK": "ok", "ERROR": "error"}  # a span's status, as the report words it
 
 
 def _shown(value: Any) -> str:
@@ -111,9 +118,11 @@ def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents:
         "duration_us": None if span.end_time is None else round((span.end_time - span.start_time) / 1000, 1),
         "seconds": seconds,
         "status": span.status_code,
+        "state": "running" if span.in_flight else STATES.get(span.status_code, str(span.status_code).lower()),
         "description": span.status_description,
         "seq": span.attributes.get(SEQ),
-        "inputs": _inputs(span),
+        "inputs": _grouped(span, INPUT_PREFIX),
+        "outputs": _grouped(span, OUTPUT_PREFIX),
         "dump_dir": span.attributes.get(DUMP_DIR),
         "exception": None if exception is None else {
             "type": exception.get("exception.type"), "message": exception.get("exception.message")},
@@ -257,6 +266,8 @@ def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
         lines.append(f"{indent}  raised {call['exception']['type']}: {call['exception']['message']}")
     for path, value in call["inputs"].items():
         lines.append(f"{indent}  {path} = {_render_value(value)}")
+    for path, value in call["outputs"].items():  # the proof of a NaN/Inf it produced
+        lines.append(f"{indent}  -> {path} = {_render_value(value)}")
     if call["dump_dir"]:
         lines.append(f"{indent}  inputs dumped to {call['dump_dir']}  (sglang-otel-kernels rerun DIR)")
     graph = call.get("graph")
@@ -316,11 +327,15 @@ def render_text(report: dict[str, Any]) -> str:
         out.append(f"  the process died {call['seconds_before_death']} s after this CUDA graph replay returned (a "
                    "replay only launches the graph: its kernels run on the GPU after it returns):")
         out.extend(call_lines(call, indent="    "))
-    by_process: dict[str, list] = {}
-    for span in report["in_flight_other_spans"]:  # the spans around the calls, per process
-        by_process.setdefault(process_text(span), []).append(f"{span['name']} (trace {span['trace_id']})")
-    for process, spans in by_process.items():
-        out.append(f"Also unfinished ({process}): " + ", ".join(spans))
+    by_process: dict[str, dict[str, list]] = {}
+    for span in report["in_flight_other_spans"]:  # the spans around the calls, per process, by name
+        by_process.setdefault(process_text(span), {}).setdefault(span["name"], []).append(span["trace_id"])
+    for process, names in by_process.items():
+        out.append(f"Also unfinished ({process}):")
+        for name, traces in names.items():
+            head = f"  {name} ({len(traces)}): trace{'s' if len(traces) > 1 else ''} "
+            out.extend(textwrap.wrap(head + ", ".join(traces), 110, subsequent_indent=" " * 6,
+                                     break_long_words=False, break_on_hyphens=False))
     if report["failed"]:
         out += ["", f"Failed calls ({len(report['failed'])}):"]
         for call in report["failed"]:
@@ -333,10 +348,10 @@ def render_text(report: dict[str, Any]) -> str:
         several = len(report["files"]) > 1
         for call in report["last_calls"]:
             where = f"  ({process_text(call)})" if several else ""
-            out.append(f"  {call['start']}  {call['name']}  {call['duration_us']} us  {call['status']}{where}")
+            out.append(f"  {call['start']}  {call['name']}  {call['duration_us']} us  {call['state']}{where}")
     for path, text in report["tracebacks"].items():
-        out += ["", f"Python traceback ({os.path.basename(path)}.traceback):"]
-        out.extend("  " + line for line in text.splitlines())
+        out += ["", f"Python traceback ({os.path.basename(path)}.traceback, the crashed thread first):"]
+        out.extend(("  " + line).rstrip() for line in tidy_stacks(text))
     if report["summary"]:
         out += ["", f"{'kernel':50s} {'calls':>7s} {'errors':>7s} {'running':>8s} {'total us':>11s}"]
         for name, row in report["summary"].items():
