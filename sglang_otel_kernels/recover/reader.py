@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import gc
 import json
@@ -238,9 +239,46 @@ def read_header(path: str, data, written_only: bool = True) -> tuple[dict, int, 
     return metadata, header_size, ring_end, problems
 
 
+def data_extents(path: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of bytes [start, end) of a file that hold data: the holes
+    of a sparse file (pages never written) are left out, so that a file with
+    no high-water mark (format 2, or a crafted one) reads in a time bounded
+    by what it holds, not by its size. Where the filesystem cannot tell
+    (no SEEK_DATA), the whole range."""
+    try:
+        fd = open_regular(path)
+    except TraceFileError:
+        return [(start, end)]
+    extents: list[tuple[int, int]] = []
+    position = start
+    try:
+        while position < end:
+            try:
+                first = os.lseek(fd, position, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # nothing but a hole from here to the end
+                    break
+                return [(start, end)]
+            if first >= end:
+                break
+            position = min(os.lseek(fd, first, os.SEEK_HOLE), end)
+            extents.append((first, position))
+    finally:
+        os.close(fd)
+    return extents
+
+
 def _parse(path: str, data) -> TraceFileContents:
     metadata, base, ring_end, problems = read_header(path, data)
-    entries, skipped = scan(data, base, ring_end)
+    entries, skipped = [], 0
+    extents = data_extents(path, base, ring_end)
+    for first, last in extents:
+        # Records are aligned from the ring's start; a hole ends on a page, which is aligned too.
+        found, torn = scan(data, base + -(-(first - base) // fmt.ALIGN) * fmt.ALIGN, last)
+        entries += found
+        skipped += torn
+    if len(extents) > 1:
+        entries.sort()
     if skipped:
         problems.append(f"{skipped} record(s) torn by a crash or partly overwritten were skipped")
     malformed = sum(1 for entry in entries if entry[2] is MALFORMED)
