@@ -21,14 +21,11 @@ def _load(path: str) -> list:
 def _export(options) -> int:
     from .recover.chrome import chrome_json
     from .recover.otlp_json import json_lines
-    from .recover.reader import TraceFileError
 
-    try:
-        files = _load(options.file)
-    except TraceFileError as exc:
-        raise _Failure(str(exc)) from None
-    for problem in files[0].problems:
-        print(f"sglang-otel-kernels: {options.file}: {problem}", file=sys.stderr)
+    files = _read_all(options.paths)
+    for contents in files:
+        for problem in contents.problems:
+            print(f"sglang-otel-kernels: {contents.path}: {problem}", file=sys.stderr)
     try:
         out = sys.stdout if options.output in (None, "-") else open(options.output, "w", encoding="utf-8")
     except OSError as exc:
@@ -110,7 +107,7 @@ def _report(options) -> int:
     # What is read lives until the command ends, millions of objects and no
     # cycle among them: collections would only walk them again and again.
     gc.disable()
-    files = _files(options.files)
+    files = _files(options.paths)
     digests = _kept(read_digests(_load, [path for path, _ in files], options.last), files)
     report = build_report(digests, last=options.last, hang_seconds=options.hang_seconds)
     contents = [item.contents for item in digests]
@@ -136,7 +133,7 @@ def _replay(options) -> int:
 
     if options.timeout <= 0:
         raise _Failure("--timeout must be more than 0")
-    contents = _read_all(options.files)
+    contents = _read_all(options.paths)
     try:
         exporter, target = make_exporter(options.endpoint, options.protocol, options.timeout)
     except ValueError as exc:
@@ -193,6 +190,10 @@ def _run(options) -> int:
     env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if options.level is not None:
         env["SGLANG_KERNEL_API_LOGLEVEL"] = str(options.level)
+    level = env.get("SGLANG_KERNEL_API_LOGLEVEL", "").strip() or "0"
+    if level == "0":
+        print("sglang-otel-kernels: the level is 0 (SGLANG_KERNEL_API_LOGLEVEL unset or 0), so nothing is recorded; "
+              "set it, or run with --level 1 (3, 5 or 10)", file=sys.stderr)
     if options.instrument:
         env["SGLANG_KERNEL_API_INSTRUMENT"] = ",".join(
             [p for p in env.get("SGLANG_KERNEL_API_INSTRUMENT", "").split(",") if p.strip()] + options.instrument)
@@ -255,34 +256,44 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 
+_EXIT_USAGE = "2 bad usage, or an input that cannot be read (one line on stderr)."
+
+
+def _command(commands, name: str, summary: str, description: str, exits: str) -> argparse.ArgumentParser:
+    """A subcommand whose --help opens with what it does and ends with its exit codes."""
+    return commands.add_parser(name, help=summary, description=description, epilog=f"Exit status: {exits}",
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="sglang-otel-kernels",
-        description="SGLang-compatible kernel API logging as OpenTelemetry spans, with a crash-safe trace file.",
-        epilog=(
-            "Exit status: 0 success (report: no call was in flight when a process died, none failed, and the "
-            "ranks of a job show no suspect; calls running in a live process are no crash; rerun: the recorded "
-            "outcome reproduced); 1 report: the file shows calls in flight when the process died, failed calls, "
-            "or a suspect rank (a hang, a mismatch); rerun: the outcome differs; 2 bad usage or an input that "
-            "cannot be read (one line on stderr)."
-        ),
+        description="SGLang-compatible kernel API logging as OpenTelemetry spans, with a crash-safe trace file. "
+                    "Each command's --help says what it does and its exit codes.",
     )
     from ._version import __version__
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser(
-        "demo", help="run the example service with a request that makes a kernel fail, then print the crash report"
-    )
+    demo = _command(
+        commands, "demo", "run the example service with a request that makes a kernel fail, then print the crash report",
+        "Runs the example service with five requests, one of which makes a kernel fail (--crash: kill the\n"
+        "service process), then prints the crash report from its trace file. No collector needed.",
+        "0 the demo ran and printed its report; " + _EXIT_USAGE)
     demo.add_argument("--level", type=int, choices=(1, 3, 5), default=3, help="logging level (default 3)")
     demo.add_argument("--crash", action="store_true",
                       help="the failing kernel kills the service process (run as a child), as a GPU crash does")
     demo.set_defaults(handler=_demo)
-    report = commands.add_parser(
-        "report", help="what the trace files say about a crash: calls in flight, their inputs and requests"
-    )
-    report.add_argument("files", nargs="+", metavar="FILE",
-                        help="trace files (one per rank merge by time), or directories of them")
+    report = _command(
+        commands, "report", "what the trace files say about a crash: calls in flight, their inputs and requests",
+        "Prints what trace files (or OTLP JSON archives) say about how their processes ended: the kernel\n"
+        "calls in flight at a crash with their inputs and requests, failed calls, the first NaN/Inf\n"
+        "producer, the last calls, and a verdict over the ranks of a job.",
+        "0 no call was in flight when a process died, none failed, and the ranks show no suspect\n"
+        "(calls running in a live process are no crash); 1 calls in flight when a process died, failed\n"
+        "calls, or a suspect rank (a hang, a mismatch); " + _EXIT_USAGE)
+    report.add_argument("paths", nargs="+", metavar="PATH",
+                        help="trace files (one per rank merge by time), OTLP JSON files, or directories of them")
     report.add_argument("--last", type=int, default=10, metavar="N", help="completed calls to list (default 10)")
     report.add_argument("--hang-seconds", type=float, default=_default_hang_seconds(), metavar="S",
                         help="in a live job, a collective waited on this long is a hang (default: "
@@ -292,29 +303,45 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write the report as one self-contained HTML page (timeline per thread, "
                              "the crash highlighted; no network needed to view it)")
     report.set_defaults(handler=_report)
-    replay = commands.add_parser(
-        "replay", help="send the spans of trace files to an OTLP back end, with their original ids"
-    )
-    replay.add_argument("files", nargs="+", metavar="FILE", help="trace files, or directories of them")
+    replay = _command(
+        commands, "replay", "send the spans of trace files to an OTLP back end, with their original ids",
+        "Sends the spans of trace files (calls in flight at a crash included) to an OTLP back end,\n"
+        "with their original trace and span ids, so they land inside their request traces.",
+        "0 the spans were sent; " + _EXIT_USAGE[:-1] + ", or a back end that cannot be reached.")
+    replay.add_argument("paths", nargs="+", metavar="PATH",
+                        help="trace files, OTLP JSON files, or directories of them")
     replay.add_argument("--endpoint", help="OTLP endpoint URL (default: OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT)")
     replay.add_argument("--protocol", choices=("grpc", "http/protobuf"),
                         help="default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc")
     replay.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the back end (default 10)")
     replay.set_defaults(handler=_replay)
-    export = commands.add_parser(
-        "export", help="write the spans of a trace file as OTLP JSON lines or a Chrome/Perfetto timeline"
-    )
-    export.add_argument("file", help="a trace file (SGLANG_KERNEL_API_TRACEFILE), or an OTLP JSON file (a Collector file exporter archive, our own export)")
+    export = _command(
+        commands, "export", "write the spans of trace files as OTLP JSON lines or a Chrome/Perfetto timeline",
+        "Writes the spans of trace files (or OTLP JSON archives) as OTLP JSON lines, or as one\n"
+        "Chrome/Perfetto trace-event timeline of them all.",
+        "0 written; " + _EXIT_USAGE)
+    export.add_argument("paths", nargs="+", metavar="PATH",
+                        help="trace files (SGLANG_KERNEL_API_TRACEFILE), OTLP JSON files (a Collector file "
+                             "exporter archive, our own export), or directories of them")
     export.add_argument("--format", choices=("otlp-json", "chrome"), default="otlp-json",
                         help="otlp-json: OTLP JSON lines (default); chrome: trace-event JSON for chrome://tracing or Perfetto")
     export.add_argument("-o", "--output", help="output file (default: standard output)")
     export.set_defaults(handler=_export)
-    rerun = commands.add_parser(
-        "rerun", help="run a call dumped at level 10 again and compare with what the dump recorded"
-    )
+    rerun = _command(
+        commands, "rerun", "run a call dumped at level 10 again and compare with what the dump recorded",
+        "Runs a call dumped at level 10 again, in a child process, on the dumped inputs, and compares\n"
+        "what happens with what the dump recorded (outputs, exception, or a call that never finished).\n"
+        "A call that kills its process is reported as such (reproduced: the call died with SIGABRT).\n"
+        "\n"
+        "--function path/to/script.py:name loads the script's imports, definitions and top-level\n"
+        "assignments only: its bare calls (main(), print(...)), loops, with-blocks and its\n"
+        "`if __name__ == \"__main__\":` block do not run. MODULE:QUALNAME imports the module, which runs\n"
+        "its top level as any import does.",
+        "0 the recorded outcome reproduced; 1 the outcome differs, or the call killed the re-run's\n"
+        "process; " + _EXIT_USAGE)
     rerun.add_argument("dump_dir", metavar="DUMP_DIR", help="one call's dump directory (sglang.kernel.dump_dir)")
     rerun.add_argument("--function", metavar="MODULE:QUALNAME",
-                       help="the function to call: MODULE:QUALNAME, path/to/file.py:name or "
+                       help="the function to call: MODULE:QUALNAME, path/to/script.py:name or "
                             "torch.ops.<ns>:<op>. Required: the import path a dump records is shown, "
                             "never run on the dump's word")
     rerun.add_argument("--device", help="put every input tensor here (default: the device each was on, if present)")
@@ -322,10 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
     rerun.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance for outputs (default 1e-8)")
     rerun.add_argument("--json", action="store_true", help="print the comparison as one JSON document")
     rerun.set_defaults(handler=_rerun)
-    follow = commands.add_parser(
-        "follow", help="export the spans of a live trace file to an OTLP back end as they end (the export sidecar)"
-    )
-    follow.add_argument("file", help="a trace file being written")
+    follow = _command(
+        commands, "follow", "export the spans of a live trace file to an OTLP back end as they end (the export sidecar)",
+        "Exports the spans of a trace file being written to an OTLP back end as they end, and the calls\n"
+        "in flight when its process dies (the export sidecar), until the writer ends.",
+        "0 the writer ended (or Ctrl-C); " + _EXIT_USAGE)
+    follow.add_argument("file", metavar="FILE", help="a trace file being written")
     follow.add_argument("--pid", type=int, help="stop when this process ends, after exporting its in-flight calls")
     follow.add_argument("--endpoint", help="OTLP endpoint URL (default: OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT)")
     follow.add_argument("--protocol", choices=("grpc", "http/protobuf"),
@@ -341,10 +370,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="export a kernel call running this long, marked hung, while the process lives; "
                              "0: never (default: SGLANG_KERNEL_API_HANG_SECONDS, else 60)")
     follow.set_defaults(handler=_follow)
-    run = commands.add_parser(
-        "run", help="run a command with SGLang's kernel logging (and SGLANG_KERNEL_API_INSTRUMENT) recorded by "
-                    "this package in all its Python processes",
-    )
+    run = _command(
+        commands, "run", "run a command with SGLang's kernel logging (and SGLANG_KERNEL_API_INSTRUMENT) recorded by "
+                         "this package in all its Python processes",
+        "Runs a command with SGLang's kernel logging recorded by this package in all its Python\n"
+        "processes (and the functions of SGLANG_KERNEL_API_INSTRUMENT / --instrument). Nothing is\n"
+        "recorded at level 0: set SGLANG_KERNEL_API_LOGLEVEL or pass --level.",
+        "the command's own; " + _EXIT_USAGE)
     run.add_argument("--level", type=int, choices=(0, 1, 3, 5, 10),
                      help="set SGLANG_KERNEL_API_LOGLEVEL for the command (default: as set in the environment)")
     run.add_argument("--instrument", action="append", metavar="MODULE:QUALNAME", default=[],
