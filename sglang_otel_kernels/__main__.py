@@ -109,7 +109,12 @@ def _report(options) -> int:
     gc.disable()
     files = _files(options.paths)
     digests = _kept(read_digests(_load, [path for path, _ in files], options.last), files)
-    report = build_report(digests, last=options.last, hang_seconds=options.hang_seconds)
+    # An archive holds other services' spans too (Jaeger's own, where it traces itself): not a process of ours.
+    ours = [item for item in digests if item.summary or item.contents.metadata.get("format") != "OTLP JSON"]
+    if not ours:
+        raise _Failure(f"no kernel calls in {len(digests)} process(es) of the OTLP JSON files given")
+    report = build_report(ours, last=options.last, hang_seconds=options.hang_seconds)
+    report["skipped_processes"] = len(digests) - len(ours)
     contents = [item.contents for item in digests]
     if options.html:
         from .recover.html import render_html

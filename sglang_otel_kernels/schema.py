@@ -13,6 +13,7 @@ NONFINITE = PREFIX + "nonfinite"
 ATTRIBUTES_DROPPED = PREFIX + "attributes_dropped"
 DUMP_DIR = PREFIX + "dump_dir"  # level 10: the directory holding the call's inputs
 DUMP_SKIPPED = PREFIX + "dump_skipped"  # level 10: why the call has no dump (limit, graph capture, error)
+THREAD_ID, THREAD_NAME = "thread.id", "thread.name"  # OpenTelemetry's: the archive of a back end names threads
 IN_FLIGHT = PREFIX + "in_flight"  # set by the reader on a span with no end record
 HUNG = PREFIX + "hung"  # the sidecar's early export of a call in flight longer than SGLANG_KERNEL_API_HANG_SECONDS
 IN_FLIGHT_SECONDS = PREFIX + "in_flight_seconds"  # how long that call had been running then

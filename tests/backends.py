@@ -55,11 +55,11 @@ def clean_env(**settings) -> dict:
 
 
 class Jaeger:
-    def __init__(self, log_dir) -> None:
+    def __init__(self, log_dir, **env) -> None:
         self.otlp = f"127.0.0.1:{port()}"
         self.query = f"http://127.0.0.1:{port()}"
         env = clean_env(JAEGER_OTLP_GRPC=self.otlp, JAEGER_QUERY_HTTP=self.query[7:],
-                         JAEGER_QUERY_GRPC=f"127.0.0.1:{port()}", OTEL_TRACES_EXPORTER="none")  # no self-tracing
+                        JAEGER_QUERY_GRPC=f"127.0.0.1:{port()}", **env)
         self.log = open(os.path.join(log_dir, "jaeger.log"), "w")
         self.process = subprocess.Popen([os.path.join(BIN, "jaeger"), "--config", os.path.join(CONFIG, "jaeger.yaml")],
                                         env=env, stdout=self.log, stderr=subprocess.STDOUT)

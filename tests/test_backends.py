@@ -20,7 +20,8 @@ import urllib.request
 
 import pytest
 
-from backends import BIN, CONFIG, Collector, Jaeger, clean_env as _clean_env, ensure_built, wait as _wait
+from backends import BIN, CONFIG, Collector, Jaeger, clean_env as _clean_env, ensure_built, get, wait as _wait
+from otlp_receivers import GrpcReceiver
 
 KERNELS = {"sglang.custom_op.embedding", "sglang.custom_op.rmsnorm", "sglang.quant_method.UnquantizedLinearMethod.apply"}
 BAD, NAN = [5, 99], [1, 31]  # a token out of the vocabulary; the token that makes NaN
@@ -141,6 +142,23 @@ def test_the_shipped_collector_config_is_valid_for_the_real_binary(tmp_path):
     assert refused.returncode != 0 and "decision_wait_s" in refused.stderr
 
 
+def test_jaeger_as_shipped_does_not_trace_itself_into_the_otlp_endpoint_of_its_environment(tmp_path):
+    ensure_built()
+    receiver = GrpcReceiver()  # where the Collector would be: its archive is what `report` reads
+    try:
+        jaeger = Jaeger(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
+                        OTEL_BSP_SCHEDULE_DELAY="100")
+        try:
+            for _ in range(5):
+                get(f"{jaeger.query}/api/services")  # a query: a span of its own if it traced itself
+            time.sleep(2)
+        finally:
+            jaeger.stop()  # flushes what it would have sent
+        assert receiver.requests == 0 and receiver.spans == []
+    finally:
+        receiver.stop()
+
+
 def test_a_batched_request_trace_references_its_batch_whose_children_are_the_kernels(world):
     jaeger = world["jaeger"]
     for trace_id in world["all"]["batched"]:
@@ -219,6 +237,10 @@ def test_the_collectors_archive_makes_a_crash_report_and_a_timeline(world, tmp_p
     # Both crashes went through this Collector: the sidecar's and the replayed file's.
     assert "CRASHED: 2 kernel call(s)" in report.stdout and "sglang.custom_op.embedding" in report.stdout
     assert "IndexError" in report.stdout  # the failed call of the healthy service's bad request
+    # Threads named as in the trace files, whichever way the spans came (in-process export, sidecar, replay).
+    assert "thread 0" not in report.stdout
+    assert report.stdout.count("; thread scheduler, started") >= 3, report.stdout
+    assert "pid None" not in report.stdout
     timeline = tmp_path / "timeline.json"
     export = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "export", archive, "--format", "chrome",
                              "-o", str(timeline)], capture_output=True, text=True, timeout=120)

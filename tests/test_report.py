@@ -169,6 +169,26 @@ def test_report_and_timeline_from_our_own_otlp_json_export(left_file, tmp_path):
     assert names.count("sglang.custom_op.rmsnorm") == 2
 
 
+def test_an_archive_with_another_services_spans_reports_only_the_processes_with_kernel_calls(left_file, tmp_path):
+    _, path = left_file
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    assert cli("export", str(path), "-o", str(archive / "kernels.jsonl")).returncode == 0
+    jaeger = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "jaeger"}}]},
+                                 "scopeSpans": [{"spans": [{"traceId": "1" * 32, "spanId": "2" * 16, "name": "/api/services",
+                                                            "startTimeUnixNano": "1", "endTimeUnixNano": "2"}]}]}]}
+    with open(archive / "kernels.jsonl", "a") as handle:
+        handle.write(json.dumps(jaeger) + "\n")
+    proc = cli("report", str(archive))
+    assert "pid None" not in proc.stdout and "/api/services" not in proc.stdout
+    assert "(skipped 1 process(es) of OTLP JSON files without kernel calls" in proc.stdout
+    assert "thread MainThread" in proc.stdout  # thread names come through the archive
+    only_jaeger = tmp_path / "jaeger.jsonl"
+    only_jaeger.write_text(json.dumps(jaeger) + "\n")
+    refused = cli("report", str(only_jaeger))
+    assert refused.returncode == 2 and "no kernel calls in 1 process(es)" in refused.stderr
+
+
 @pytest.mark.parametrize("content, message", [
     (b"{not json\n", "no OTLP JSON spans"),
     (b'{"resourceSpans": 5}\n', "no OTLP JSON spans"),

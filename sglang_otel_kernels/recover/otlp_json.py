@@ -17,7 +17,7 @@ import os
 from typing import Any, Iterable, Iterator
 
 from ..record import identity
-from ..schema import HUNG, IN_FLIGHT
+from ..schema import HUNG, IN_FLIGHT, THREAD_ID, THREAD_NAME
 from ..text import utf8
 from .reader import RecoveredSpan, TraceFileContents, TraceFileError, open_regular
 
@@ -51,13 +51,19 @@ def key_values(attributes: dict) -> list[dict]:
     return [{"key": str(key), "value": any_value(value)} for key, value in attributes.items()]
 
 
+def exported_attributes(span: RecoveredSpan) -> dict:
+    """A span's attributes as they leave for OTLP (a file, a back end), with
+    OpenTelemetry's thread attributes, so that an archive read back names the threads."""
+    attributes = dict(span.attributes)
+    attributes.setdefault(THREAD_ID, span.thread_id)
+    if span.thread_name:
+        attributes.setdefault(THREAD_NAME, span.thread_name)
+    return attributes
+
+
 def span_json(span: RecoveredSpan, last_time: int) -> dict:
     end_time = span.end_time if span.end_time is not None else max(last_time, span.start_time)
-    attributes = dict(span.attributes)
-    # OpenTelemetry's thread attributes, so that the file read back names the threads.
-    attributes.setdefault("thread.id", span.thread_id)
-    if span.thread_name:
-        attributes.setdefault("thread.name", span.thread_name)
+    attributes = exported_attributes(span)
     flags = (span.trace_flags & 0xFF) | _HAS_IS_REMOTE | (_IS_REMOTE if span.parent_is_remote else 0)
     out = {
         "traceId": f"{span.trace_id:032x}",
@@ -246,8 +252,8 @@ def _span(span: dict, scope: tuple[str, str]) -> RecoveredSpan:
     if not isinstance(kind, int) or not 0 <= kind <= 5 or not isinstance(flags, int) or not isinstance(status, dict):
         raise Malformed("a span's kind, flags or status is malformed")
     in_flight = attributes.get(IN_FLIGHT) is True
-    thread = attributes.get("thread.id")
-    thread_name = attributes.get("thread.name")
+    thread = attributes.get(THREAD_ID)
+    thread_name = attributes.get(THREAD_NAME)
     return RecoveredSpan(
         name=utf8(span.get("name", "")),
         trace_id=_id(span.get("traceId"), 16, "traceId") or _raise("a span without a traceId"),

@@ -17,7 +17,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from ..record import export
-from .otlp_json import resource_attributes
+from .otlp_json import exported_attributes, resource_attributes
 from .reader import RecoveredSpan, TraceFileContents
 
 BATCH = 512
@@ -62,7 +62,7 @@ def readable(span: RecoveredSpan, resource: Resource, last_time: int) -> Readabl
         context=SpanContext(span.trace_id, span.span_id, is_remote=False, trace_flags=TraceFlags(span.trace_flags)),
         parent=parent,
         resource=resource,
-        attributes=span.attributes,
+        attributes=exported_attributes(span),
         events=[Event(name, attributes, timestamp) for name, timestamp, attributes in span.events],
         links=[Link(SpanContext(trace_id, span_id, is_remote=True), attributes)
                for trace_id, span_id, attributes in span.links],

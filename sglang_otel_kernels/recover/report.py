@@ -308,6 +308,9 @@ def render_text(report: dict[str, Any]) -> str:
         state = ", still running" if info["running"] else ""
         out.append(f"{info['path']}: pid {info['pid']} on {info['host']}, {ranks}, {info['spans']} spans{state}")
         out.extend(f"  warning: {problem}" for problem in info["problems"])
+    if report.get("skipped_processes"):
+        out.append(f"(skipped {report['skipped_processes']} process(es) of OTLP JSON files without kernel calls: "
+                   "another service's spans, such as Jaeger's own)")
     out.append("")
     dead = [call for call in report["in_flight"] if call["in_flight_in_dead_process"]]
     running = [call for call in report["in_flight"] if not call["in_flight_in_dead_process"]]
