@@ -1,8 +1,12 @@
 """`report --html`: one self-contained page, rendered by headless Chromium
 (Debian's `chromium`, installed by .ci/install)."""
 
+import html
+import json
+import re
 import shutil
 import subprocess
+import sys
 
 from conftest import run_python
 from test_report import DIES_IN_A_BATCH, cli
@@ -45,3 +49,59 @@ def test_hostile_names_are_escaped(tmp_path):
     assert cli("report", str(tmp_path / "t.sgltrace"), "--html", str(page)).returncode == 1
     text = page.read_text()
     assert "<script>alert(1)" not in text and "&lt;/script&gt;&lt;script&gt;alert(1)" in text
+
+
+ONE_PROCESS = """
+import os, sys, time, torch, sglang_otel_kernels as sok
+sok.configure(level=5, log_dest="off", trace_file=sys.argv[1])  # statistics: report lines wider than the window
+@sok.debug_kernel_api(op_name=sys.argv[2])
+def kernel(x, note=None):
+    time.sleep(0.3)  # wide enough on the page to carry its name
+    if note == "die":
+        os._exit(134)
+    return x
+kernel(torch.ones(2))
+kernel(torch.ones(2), note="die" if sys.argv[3] == "crash" else None)
+"""
+
+# Loads the report in a 1000-pixel frame and writes what its layout did
+# into #out: how far anything scrolls sideways, and the bars' labels.
+MEASURE = """<!DOCTYPE html><html><body>
+<iframe id="page" src="report.html" style="width:1000px;height:800px;border:0"></iframe>
+<pre id="out">not measured</pre>
+<script>
+document.getElementById('page').onload = () => {
+  const page = document.getElementById('page').contentDocument;
+  const boxes = [...page.querySelectorAll('pre, h2, p, #details, .in-flight-call, .track-name')];
+  document.getElementById('out').textContent = JSON.stringify({
+    page: page.documentElement.scrollWidth - page.documentElement.clientWidth,
+    boxes: Math.max(...boxes.map(box => box.scrollWidth - box.clientWidth)),
+    labels: [...page.querySelectorAll('text.label')].map(text => text.textContent),
+  });
+};
+</script></body></html>"""
+
+
+def test_the_page_wraps_its_text_names_wide_bars_and_lines_processes_up_on_one_axis(tmp_path):
+    for name, kernel, how in (("a", "sglang.custom_op.rmsnorm", "exit"), ("b", "sglang.custom_op.embedding", "crash")):
+        proc = subprocess.run([sys.executable, "-c", ONE_PROCESS, f"{name}.sgltrace", kernel, how], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == (134 if how == "crash" else 0), proc.stderr
+    page = tmp_path / "report.html"
+    assert cli("report", str(tmp_path / "a.sgltrace"), str(tmp_path / "b.sgltrace"), "--html", str(page)).returncode == 1
+    # One time axis: process b ran after process a ended, so its bars start right of a's.
+    bars = {}
+    for name, x, width in re.findall(r'data-name="([^"]+)" x="([\d.]+)%" y="3" width="([\d.]+)%"', page.read_text()):
+        bars.setdefault(name, []).append((float(x), float(width)))
+    a_end = max(x + w for x, w in bars["sglang.custom_op.rmsnorm"])
+    assert a_end <= min(x for x, _ in bars["sglang.custom_op.embedding"]), bars
+    measure = tmp_path / "measure.html"
+    measure.write_text(MEASURE)
+    dom = _chromium("--allow-file-access-from-files", "--window-size=1100,900", "--virtual-time-budget=5000",
+                    "--dump-dom", measure.as_uri())
+    assert dom.returncode == 0, dom.stderr
+    measured = json.loads(html.unescape(re.search(r'<pre id="out">(.*?)</pre>', dom.stdout, re.S).group(1)))
+    assert measured["page"] <= 0 and measured["boxes"] <= 0, measured  # nothing cut off behind a scroll bar
+    # 0.3 s bars over a 1.3 s axis in a 1000-pixel frame: each carries its kernel's name, or its last part.
+    assert {"sglang.custom_op.rmsnorm", "sglang.custom_op.embedding"} <= set(measured["labels"]) or \
+        {"rmsnorm", "embedding"} <= set(measured["labels"]), measured

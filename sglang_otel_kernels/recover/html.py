@@ -6,7 +6,8 @@ the first NaN/Inf producer marked, the requests of each call's batch on
 hover and on click. The ranks of a job come first: their verdict, then one
 lane per rank, collectives drawn apart, the suspects' lanes marked. No
 external resource: styles, data and script are inline; every text from a
-file is escaped (a file is hostile input)."""
+file is escaped (a file is hostile input). Text wraps, never scrolls
+sideways; the script names each bar wide enough on the screen it is viewed on."""
 
 from __future__ import annotations
 
@@ -20,10 +21,9 @@ from .reader import RecoveredSpan, TraceFileContents
 from .report import build_report, call_lines, call_summary, is_kernel, produced_nonfinite, render_text
 
 MAX_CALLS_PER_TRACK = 200  # the newest calls of each thread: what happened just before the end
-LABEL_MIN_WIDTH = 12  # percent of the axis: a bar this wide shows its name
 
 _STYLE = """
-body{font:14px system-ui,sans-serif;margin:16px;color:#222}
+body{font:14px system-ui,sans-serif;margin:16px;color:#222;overflow-wrap:anywhere}
 h1{font-size:20px}h2{font-size:16px;margin-top:24px}
 .verdict{padding:8px 12px;border-radius:4px;font-weight:600}
 .verdict.crashed{background:#fdd;color:#900}.verdict.failed{background:#ffe6cc;color:#840}
@@ -39,7 +39,7 @@ rect.collective.in-flight+text.label{fill:#333}
 .lane.suspect{border-left-color:#d62828;background:#fff3f3}.lane-name{font-size:12px;color:#333}
 .lane.suspect .lane-name{color:#900;font-weight:600}
 #details{white-space:pre-wrap;font:12px ui-monospace,monospace;background:#f6f6f6;padding:8px;min-height:3em}
-pre{font:12px ui-monospace,monospace;background:#f6f6f6;padding:8px;overflow:auto}
+pre{font:12px ui-monospace,monospace;background:#f6f6f6;padding:8px;white-space:pre-wrap}
 .in-flight-call{border-left:6px solid #d62828;background:#fdd;padding:6px 10px;white-space:pre-wrap;
 font:12px ui-monospace,monospace}
 .legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}
@@ -51,6 +51,28 @@ const details = document.getElementById('details');
 for (const rect of document.querySelectorAll('rect.call')) {
   rect.addEventListener('click', () => { details.textContent = calls[rect.dataset.call]; });
 }
+// A bar wide enough on this screen carries its kernel's name: whole, else its
+// last part (embedding of sglang.custom_op.embedding), else cut short.
+const CHAR_PX = 6.5;  // 11px sans-serif
+function label() {
+  for (const old of document.querySelectorAll('text.label')) old.remove();
+  for (const rect of document.querySelectorAll('rect.call')) {
+    const room = Math.floor((rect.getBoundingClientRect().width - 6) / CHAR_PX);
+    const name = rect.dataset.name, last = name.split('.').pop();
+    const shown = name.length <= room ? name : last.length <= room ? last :
+      room >= 4 ? last.slice(0, room - 1) + '\u2026' : null;
+    if (shown === null) continue;
+    const text = document.createElementNS(rect.namespaceURI, 'text');
+    text.setAttribute('class', 'label');
+    text.setAttribute('x', rect.getAttribute('x'));
+    text.setAttribute('dx', '3');
+    text.setAttribute('y', '18');
+    text.textContent = shown;
+    rect.after(text);
+  }
+}
+label();
+window.addEventListener('resize', label);
 """
 
 
@@ -79,8 +101,6 @@ def _track(spans: list[RecoveredSpan], start: int, end: int, first_bad: int | No
         calls.append(text)
         rects.append(f'<rect class="call {kind}" data-call="{len(calls) - 1}" data-name="{html.escape(span.name)}" '
                      f'x="{x:.3f}%" y="3" width="{w:.3f}%" height="22"><title>{html.escape(text)}</title></rect>')
-        if w >= LABEL_MIN_WIDTH:  # a bar wide enough carries its kernel's name
-            rects.append(f'<text class="label" x="{x + 0.3:.3f}%" y="18">{html.escape(span.name)}</text>')
     return f'<svg role="img">{"".join(rects)}</svg>'
 
 
