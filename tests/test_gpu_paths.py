@@ -63,7 +63,7 @@ def test_rerun_of_a_device_side_assert_says_it_reproduced_a_failure(tmp_path, mo
     which rerun makes: it is the call's failure, not rerun's."""
     import torch
 
-    from sglang_otel_kernels.recover.rerun import rerun
+    from sglang_otel_kernels.recover.rerun import rerun_here
 
     (tmp_path / "mykernels.py").write_text("import os\n"
                                            "def gather(table, index):\n"
@@ -83,7 +83,7 @@ def test_rerun_of_a_device_side_assert_says_it_reproduced_a_failure(tmp_path, mo
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", device_side_assert)
-    report = rerun(dump, function="mykernels:gather")
+    report = rerun_here(dump, function="mykernels:gather")  # in this process: the patched synchronisation
     assert report["reproduced"] is True
     assert report["verdict"].startswith("reproduced a failure: raised RuntimeError")
 

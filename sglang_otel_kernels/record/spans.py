@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import random
 import traceback
-from threading import current_thread
 from time import time_ns
 
 from opentelemetry import context as _context
@@ -31,7 +30,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from .._version import __version__
 from ..describe.values import safe_str
 from ..notices import warn_failed_once
-from ..schema import ATTRIBUTES_DROPPED, GRAPH_CALLS, GRAPH_ID, LEVEL, NAME, SEQ, THREAD_ID, THREAD_NAME, TRACER_NAME
+from ..schema import ATTRIBUTES_DROPPED, GRAPH_CALLS, GRAPH_ID, LEVEL, NAME, SEQ, TRACER_NAME
 from ..text import utf8
 from . import processor as _processor
 from . import tracefile
@@ -256,8 +255,6 @@ class KernelSpans:
                         attributes[GRAPH_CALLS] = calls
                 else:
                     attributes = {NAME: name, LEVEL: level, SEQ: seq}
-                # Exported only: so that a back end's archive, read back, names the thread.
-                attributes[THREAD_ID], attributes[THREAD_NAME] = state[IDENT], current_thread().name
                 if extra:
                     attributes.update(tracefile.unpack_collective(extra[1] if flags & tracefile.FLAG_INLINE_NAME
                                                                   else extra))

@@ -113,7 +113,7 @@ def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents:
     return {
         "name": span.name,
         **process_of(contents),
-        "thread": span.thread_name or str(span.thread_id),
+        "thread": span.thread_name or (str(span.thread_id) if span.thread_id else "unknown"),
         "start": timestamp(span.start_time),
         "duration_us": None if span.end_time is None else round((span.end_time - span.start_time) / 1000, 1),
         "seconds": seconds,
