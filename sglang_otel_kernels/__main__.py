@@ -97,7 +97,7 @@ def _report(options) -> int:
     import gc
     import json
 
-    from .recover.digest import read_digests
+    from .recover.digest import merge_processes, read_digests
     from .recover.report import build_report, render_text
 
     if options.last < 0:
@@ -108,7 +108,7 @@ def _report(options) -> int:
     # cycle among them: collections would only walk them again and again.
     gc.disable()
     files = _files(options.paths)
-    digests = _kept(read_digests(_load, [path for path, _ in files], options.last), files)
+    digests = merge_processes(_kept(read_digests(_load, [path for path, _ in files], options.last), files), options.last)
     # An archive holds other services' spans too (Jaeger's own, where it traces itself): not a process of ours.
     ours = [item for item in digests if item.summary or item.contents.metadata.get("format") != "OTLP JSON"]
     if not ours:

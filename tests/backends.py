@@ -55,14 +55,22 @@ def clean_env(**settings) -> dict:
 
 
 class Jaeger:
-    def __init__(self, log_dir, **env) -> None:
+    """Jaeger v2 on free loopback ports; `config`: a file of collector-config/
+    (in-memory storage by default; gateway/jaeger-badger.yaml persists)."""
+
+    def __init__(self, log_dir, config: str = "jaeger.yaml", **env) -> None:
         self.otlp = f"127.0.0.1:{port()}"
         self.query = f"http://127.0.0.1:{port()}"
-        env = clean_env(JAEGER_OTLP_GRPC=self.otlp, JAEGER_QUERY_HTTP=self.query[7:],
-                        JAEGER_QUERY_GRPC=f"127.0.0.1:{port()}", **env)
-        self.log = open(os.path.join(log_dir, "jaeger.log"), "w")
-        self.process = subprocess.Popen([os.path.join(BIN, "jaeger"), "--config", os.path.join(CONFIG, "jaeger.yaml")],
-                                        env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.config = os.path.join(CONFIG, config)
+        self.env = clean_env(JAEGER_OTLP_GRPC=self.otlp, JAEGER_QUERY_HTTP=self.query[7:],
+                             JAEGER_QUERY_GRPC=f"127.0.0.1:{port()}", **env)
+        self.log = open(os.path.join(log_dir, f"jaeger-{os.path.basename(config)}.log"), "a")
+        self.start()
+
+    def start(self) -> None:
+        """Starts it (again, after `stop`: same ports, same storage)."""
+        self.process = subprocess.Popen([os.path.join(BIN, "jaeger"), "--config", self.config],
+                                        env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         wait("Jaeger's query API", lambda: get(f"{self.query}/api/services") is not None)
 
     def trace(self, trace_id: int) -> dict:
@@ -79,20 +87,30 @@ class Jaeger:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=30)
+
+    def close(self) -> None:
+        self.stop()
         self.log.close()
 
 
-class Collector:
-    def __init__(self, log_dir, jaeger: Jaeger, sample_percent: int, archive: str) -> None:
+class Otelcol:
+    """Our Collector build with a file of collector-config/ and its
+    environment, its OTLP/gRPC port free on loopback (OTLP_GRPC_PORT)."""
+
+    def __init__(self, log_dir, name: str, config: str, **env) -> None:
         self.grpc = port()
-        self.archive = archive
-        os.makedirs(os.path.dirname(archive), exist_ok=True)  # the file exporter makes no directory
-        env = clean_env(OTLP_GRPC_PORT=str(self.grpc), OTLP_HTTP_PORT=str(port()), METRICS_PORT=str(port()),
-                         JAEGER_OTLP_ENDPOINT=jaeger.otlp, SAMPLE_PERCENT=str(sample_percent), ARCHIVE_PATH=archive)
-        self.log = open(os.path.join(log_dir, f"collector-{sample_percent}.log"), "w")
-        self.process = subprocess.Popen(
-            [os.path.join(BIN, "otelcol"), "--config", os.path.join(CONFIG, "otel-collector.yaml")],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.config = os.path.join(CONFIG, config)
+        self.env = clean_env(OTLP_GRPC_PORT=str(self.grpc), OTLP_HTTP_PORT=str(port()), METRICS_PORT=str(port()),
+                             **env)
+        if "ARCHIVE_PATH" in env:
+            os.makedirs(os.path.dirname(env["ARCHIVE_PATH"]), exist_ok=True)  # the file exporter makes no directory
+        self.log = open(os.path.join(log_dir, f"{name}.log"), "a")
+        self.start()
+
+    def start(self) -> None:
+        """Starts it (again, after `stop` or `kill`: same ports)."""
+        self.process = subprocess.Popen([os.path.join(BIN, "otelcol"), "--config", self.config],
+                                        env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         wait("the Collector's OTLP port", self._listening)
 
     def _listening(self) -> bool:
@@ -105,9 +123,42 @@ class Collector:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.grpc}"
 
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.grpc}"
+
+    def samples(self, prefix: str = "otelcol_") -> list[str]:
+        """Its own Prometheus samples (`name{labels} value`) whose name starts with `prefix`."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.env['METRICS_PORT']}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return [line for line in text.splitlines() if line.startswith(prefix)]
+
+    def metrics(self) -> dict[str, float]:
+        """Its own Prometheus metrics, summed over their labels, by name."""
+        totals: dict[str, float] = {}
+        for line in self.samples():
+            name, value = line.split("{")[0].split()[0], line.rsplit(" ", 1)[1]
+            totals[name] = totals.get(name, 0.0) + float(value)
+        return totals
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=30)
+
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)  # flushes the batch processor and the file exporter
         self.process.wait(timeout=60)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.stop()
         self.log.close()
 
 
+class Collector(Otelcol):
+    """collector-config/otel-collector.yaml: the single Collector of one machine."""
+
+    def __init__(self, log_dir, jaeger: Jaeger, sample_percent: int, archive: str) -> None:
+        self.archive = archive
+        super().__init__(log_dir, f"collector-{sample_percent}", "otel-collector.yaml", JAEGER_OTLP_ENDPOINT=jaeger.otlp,
+                         SAMPLE_PERCENT=str(sample_percent), ARCHIVE_PATH=archive)

@@ -92,15 +92,15 @@ def world(tmp_path_factory):
     try:
         yield from _run_world(tmp_path, jaeger)
     finally:
-        jaeger.stop()
+        jaeger.close()
 
 
 def _run_world(tmp_path, jaeger: Jaeger):
     with contextlib.ExitStack() as collectors:  # stopped (and flushed) before the checks, whatever happens
         everything = Collector(tmp_path, jaeger, 100, str(tmp_path / "archive" / "kernels.jsonl"))
-        collectors.callback(everything.stop)
+        collectors.callback(everything.close)
         sampled = Collector(tmp_path, jaeger, 0, str(tmp_path / "archive-0" / "kernels.jsonl"))
-        collectors.callback(sampled.stop)
+        collectors.callback(sampled.close)
         world = {"jaeger": jaeger, "tmp": tmp_path, "archive": everything.archive}
         world["all"] = _workload(tmp_path, "example-all", everything.endpoint, 0x1000)
         world["none"] = _workload(tmp_path, "example-none", sampled.endpoint, 0x2000)
@@ -153,7 +153,7 @@ def test_jaeger_as_shipped_does_not_trace_itself_into_the_otlp_endpoint_of_its_e
                 get(f"{jaeger.query}/api/services")  # a query: a span of its own if it traced itself
             time.sleep(2)
         finally:
-            jaeger.stop()  # flushes what it would have sent
+            jaeger.close()  # flushes what it would have sent
         assert receiver.requests == 0 and receiver.spans == []
     finally:
         receiver.stop()

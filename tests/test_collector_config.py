@@ -6,6 +6,7 @@ tests/test_backends.py.)"""
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 CONFIG = Path(__file__).parent.parent / "collector-config"
@@ -17,12 +18,16 @@ def with_defaults(text: str) -> str:
     return _ENV.sub(lambda match: match.group(2), text)
 
 
-def load_collector():
-    return yaml.safe_load(with_defaults((CONFIG / "otel-collector.yaml").read_text()))
+def load_collector(name: str = "otel-collector.yaml"):
+    return yaml.safe_load(with_defaults((CONFIG / name).read_text()))
 
 
-def test_pipelines_name_only_defined_components():
-    config = load_collector()
+COLLECTORS = ["otel-collector.yaml", "gateway/agent.yaml", "gateway/gateway.yaml"]
+
+
+@pytest.mark.parametrize("name", COLLECTORS)
+def test_pipelines_name_only_defined_components(name):
+    config = load_collector(name)
     pipelines = config["service"]["pipelines"]
     assert pipelines
     for name, pipeline in pipelines.items():
@@ -35,14 +40,34 @@ def test_pipelines_name_only_defined_components():
     assert defined == used, f"defined but unused: {defined - used}"
 
 
-def test_receivers_listen_on_localhost_by_default():
-    protocols = load_collector()["receivers"]["otlp"]["protocols"]
-    assert protocols["grpc"]["endpoint"] == "127.0.0.1:4317"
-    assert protocols["http"]["endpoint"] == "127.0.0.1:4318"
+@pytest.mark.parametrize("name, ports", [("otel-collector.yaml", (4317, 4318)), ("gateway/agent.yaml", (4317, 4318)),
+                                         ("gateway/gateway.yaml", (14327, 14328))])
+def test_receivers_listen_on_localhost_by_default(name, ports):
+    protocols = load_collector(name)["receivers"]["otlp"]["protocols"]
+    assert protocols["grpc"]["endpoint"] == f"127.0.0.1:{ports[0]}"
+    assert protocols["http"]["endpoint"] == f"127.0.0.1:{ports[1]}"
 
 
-def test_tail_sampling_keeps_errors_nonfinite_values_and_hung_calls():
-    config = load_collector()
+def test_jaeger_configs_listen_on_localhost_and_do_not_trace_themselves():
+    for name in ("jaeger.yaml", "gateway/jaeger-badger.yaml"):
+        config = load_collector(name)
+        assert config["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].startswith("127.0.0.1:")
+        assert config["extensions"]["jaeger_query"]["enable_tracing"] is False
+    badger = load_collector("gateway/jaeger-badger.yaml")["extensions"]["jaeger_storage"]["backends"]["badger_store"]
+    assert badger["badger"]["ephemeral"] is False and badger["badger"]["ttl"]["spans"]
+
+
+def test_the_agent_routes_by_trace_id_with_a_queue_and_retries():
+    exporter = load_collector("gateway/agent.yaml")["exporters"]["loadbalancing"]
+    assert exporter["routing_key"] == "traceID"
+    otlp = exporter["protocol"]["otlp"]
+    assert otlp["sending_queue"]["enabled"] and otlp["retry_on_failure"]["enabled"]
+    assert "${env:GATEWAYS}" in (CONFIG / "gateway" / "agent.yaml").read_text()
+
+
+@pytest.mark.parametrize("name", ["otel-collector.yaml", "gateway/gateway.yaml"])
+def test_tail_sampling_keeps_errors_nonfinite_values_and_hung_calls(name):
+    config = load_collector(name)
     policies = {p["type"]: p for p in config["processors"]["tail_sampling"]["policies"]}
     assert policies["status_code"]["status_code"]["status_codes"] == ["ERROR"]
     flagged = [p["boolean_attribute"]["key"] for p in config["processors"]["tail_sampling"]["policies"]
@@ -53,6 +78,17 @@ def test_tail_sampling_keeps_errors_nonfinite_values_and_hung_calls():
     assert "tail_sampling" in sampled["processors"] and sampled["exporters"] == ["otlp/jaeger"]
     archive = config["exporters"]["file/archive"]
     assert archive["format"] == "json" and archive["rotation"]["max_megabytes"] > 0
+
+
+def test_the_gateway_compose_publishes_on_loopback_and_mounts_the_configs():
+    services = yaml.safe_load((CONFIG / "gateway" / "compose.yaml").read_text())["services"]
+    assert set(services) == {"jaeger", "gateway-1", "gateway-2", "agent"}
+    for service in services.values():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), port
+    assert services["agent"]["environment"]["GATEWAYS"] == "[gateway-1:14327, gateway-2:14327]"
+    assert any(volume.startswith("./gateway.yaml:") for volume in services["gateway-2"]["volumes"])
+    assert services["gateway-2"]["environment"]["ARCHIVE_PATH"] != services["gateway-1"]["environment"]["ARCHIVE_PATH"]
 
 
 def test_compose_publishes_on_loopback_and_mounts_the_config():

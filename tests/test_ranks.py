@@ -169,7 +169,7 @@ def test_a_stuck_rank_is_named_while_the_job_hangs_and_after_a_watchdog_kills_it
         # Up to the rank's last sign of life, at least as long as the early export said (microseconds).
         assert final["duration"] >= snapshot["duration"] >= 2_000_000
     finally:
-        jaeger.stop()
+        jaeger.close()
 
 
 def _tags(span: dict) -> dict:
@@ -313,7 +313,7 @@ def test_every_ranks_kernels_of_a_batch_share_its_trace_in_jaeger(tmp_path):
                 assert all(s["processID"] == batch["processID"] for s in trace["spans"]
                            if any(r["spanID"] == batch["spanID"] for r in s["references"]))
     finally:
-        jaeger.stop()
+        jaeger.close()
 
 
 def test_report_over_the_jaeger_free_archive_of_a_dead_job_gives_the_same_verdict(jobs, tmp_path):

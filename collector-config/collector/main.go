@@ -1,13 +1,15 @@
 // An OpenTelemetry Collector with exactly the components
-// ../otel-collector.yaml uses, all at one collector release (see go.mod):
-// the OTLP receiver; the batch, memory_limiter and tail_sampling processors;
-// the OTLP and file exporters. Built by ../../.ci/backends.
+// ../otel-collector.yaml and ../gateway/ use, all at one collector release
+// (see go.mod): the OTLP receiver; the batch, memory_limiter and
+// tail_sampling processors; the OTLP, file and loadbalancing exporters.
+// Built by ../../.ci/backends.
 package main
 
 import (
 	"log"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter"
+	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/loadbalancingexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/processor/tailsamplingprocessor"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/confmap"
@@ -35,7 +37,9 @@ func components() (otelcol.Factories, error) {
 	); err != nil {
 		return factories, err
 	}
-	factories.Exporters, err = otelcol.MakeFactoryMap[exporter.Factory](otlpexporter.NewFactory(), fileexporter.NewFactory())
+	factories.Exporters, err = otelcol.MakeFactoryMap[exporter.Factory](
+		otlpexporter.NewFactory(), fileexporter.NewFactory(), loadbalancingexporter.NewFactory(),
+	)
 	return factories, err
 }
 

@@ -121,3 +121,53 @@ def read_digests(load: Callable, paths: list[str], last: int) -> "list[list[Dige
         except (OSError, ValueError, ImportError, RuntimeError):
             pass  # no process pool here (no semaphores, no fork, a worker killed): one file after the other
     return [_read_and_digest(load, path, last) for path in paths]
+
+
+def add_counts(total: dict[str, list], summary: dict[str, list]) -> None:
+    """Adds a digest's per-kernel counts to `total` (same shape)."""
+    for name, row in summary.items():
+        into = total.setdefault(name, [0, 0, 0, 0])
+        for index, value in enumerate(row):
+            into[index] += value
+
+
+def _process_key(contents: TraceFileContents) -> "tuple | None":
+    """Who wrote the spans of an OTLP JSON file's process, to find it in other
+    files; None for a trace file (one process's alone) or an unknown pid."""
+    metadata = contents.metadata
+    if metadata.get("format") != "OTLP JSON" or metadata.get("pid") is None:
+        return None
+    return (str(metadata.get("host")), str(metadata.get("pid")), repr(sorted((metadata.get("ranks") or {}).items())))
+
+
+def merge_processes(digests: list[Digest], last: int = 10) -> list[Digest]:
+    """The digests of one process that several OTLP JSON files hold part of
+    (each gateway of a two-tier layout archives the traces routed to it) made
+    one, in the order first seen: its kept spans together (a span archived
+    twice, by a retry, once) and digested again, its counts summed."""
+    groups: dict = {}
+    for item in digests:
+        key = _process_key(item.contents)
+        groups.setdefault(id(item) if key is None else key, []).append(item)
+    merged = []
+    for group in groups.values():
+        if len(group) == 1:
+            merged.append(group[0])
+            continue
+        by_id: dict[int, RecoveredSpan] = {}
+        for item in group:
+            for span in item.contents.spans:
+                if span.span_id not in by_id or by_id[span.span_id].in_flight:  # an ended copy says more
+                    by_id[span.span_id] = span
+        first = group[0].contents
+        contents = dataclasses.replace(
+            first, path=f"{first.path} (and {len(group) - 1} more file(s))",
+            spans=sorted(by_id.values(), key=lambda span: span.start_time),
+            records=sum(item.contents.records for item in group), skipped=sum(item.contents.skipped for item in group),
+            problems=list(dict.fromkeys(p for item in group for p in item.contents.problems)),
+            last_time=max(item.contents.last_time for item in group))
+        summary: dict[str, list] = {}
+        for item in group:
+            add_counts(summary, item.summary)
+        merged.append(Digest(digest(contents, last).contents, summary, sum(item.spans for item in group)))
+    return merged

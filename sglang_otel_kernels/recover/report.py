@@ -12,7 +12,7 @@ from ..config import DEFAULT_HANG_SECONDS
 from ..record.tracefile import traceback_path
 from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY,
                       GRAPH_SUSPECT, INPUT_PREFIX, NAME, PREFIX, REPLAY_NAME, REQUEST_ID, SEQ)
-from .digest import Digest, digest, produced_nonfinite
+from .digest import Digest, add_counts, digest, produced_nonfinite
 from .ranks import cross_rank, rank_of, timestamp
 from .ranks import render as render_verdict
 from .reader import RecoveredSpan, TraceFileContents, read_text
@@ -176,10 +176,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     summary: dict[str, list] = {}  # name -> [calls, errors, in flight, total ns]
     for item in digests:
         content = item.contents
-        for name, row in item.summary.items():
-            total = summary.setdefault(name, [0, 0, 0, 0])
-            for index, value in enumerate(row):
-                total[index] += value
+        add_counts(summary, item.summary)
         tail: list = []
         for span in content.spans:
             if NAME not in span.attributes:
