@@ -1,6 +1,7 @@
 """`sglang-otel-kernels report` on trace files left by real crashed children."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -187,6 +188,29 @@ def test_an_archive_with_another_services_spans_reports_only_the_processes_with_
     only_jaeger.write_text(json.dumps(jaeger) + "\n")
     refused = cli("report", str(only_jaeger))
     assert refused.returncode == 2 and "no kernel calls in 1 process(es)" in refused.stderr
+
+
+def test_a_process_split_over_several_archives_is_reported_as_one(left_file, tmp_path):
+    """Each gateway of a two-tier layout archives the traces routed to it:
+    one process's spans in several files, as here (half the spans in each)."""
+    mode, path = left_file
+    exported = tmp_path / "all.jsonl"
+    assert cli("export", str(path), "-o", str(exported)).returncode == 0
+    [document] = [json.loads(line) for line in exported.read_text().splitlines()]
+    spans = document["resourceSpans"][0]["scopeSpans"]
+    for n in (0, 1):
+        os.makedirs(tmp_path / f"gateway-{n}")
+        part = json.loads(json.dumps(document))
+        for scope, original in zip(part["resourceSpans"][0]["scopeSpans"], spans):
+            scope["spans"] = original["spans"][n::2]
+        (tmp_path / f"gateway-{n}" / "kernels.jsonl").write_text(json.dumps(part) + "\n")
+    whole = json.loads(cli("report", str(exported), "--json").stdout)
+    split = cli("report", str(tmp_path / "gateway-0"), str(tmp_path / "gateway-1"), "--json")
+    merged = json.loads(split.stdout)
+    assert len(merged["files"]) == 1 and merged["files"][0]["path"].endswith("(and 1 more file(s))")
+    assert merged["summary"] == whole["summary"] and merged["files"][0]["spans"] == whole["files"][0]["spans"]
+    assert [c["name"] for c in merged["in_flight"] + merged["failed"]] == \
+        [c["name"] for c in whole["in_flight"] + whole["failed"]]
 
 
 @pytest.mark.parametrize("content, message", [
