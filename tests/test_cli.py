@@ -64,3 +64,16 @@ def test_run_without_a_level_says_it_records_nothing(tmp_path):
     assert len(quiet.stderr.strip().splitlines()) == 1
     recorded = cli("run", "--level", "1", "--", sys.executable, "-c", "print('app ran')", cwd=tmp_path, env=env)
     assert recorded.returncode == 0 and "the level is 0" not in recorded.stderr
+
+
+def test_ci_runs_exactly_the_readmes_test_command_and_the_main_job_needs_no_test_tooling():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md")).read()
+    main_job = readme.split("no collector\nneeded):\n\n")[1].splitlines()[0].strip()
+    tests = readme.split("Tests (the command CI runs):\n\n")[1].splitlines()[0].strip()
+    assert main_job == "bash .ci/install && .venv/bin/python -m sglang_otel_kernels demo"
+    assert open(os.path.join(root, ".ci", "run")).read().rstrip().splitlines()[-1] == tests
+    install = open(os.path.join(root, ".ci", "install")).read()
+    light = [line for line in install.split('[ "$tests" = 1 ] || exit 0')[0].splitlines()  # what the main job runs
+             if not line.lstrip().startswith("#")]
+    assert not [line for line in light if "chromium" in line or ".ci/backends" in line] and "--tests" in tests

@@ -1,5 +1,5 @@
 """`report --html`: one self-contained page, rendered by headless Chromium
-(Debian's `chromium`, installed by .ci/install)."""
+(Debian's `chromium`, installed by `.ci/install --tests`)."""
 
 import html
 import json
@@ -14,7 +14,7 @@ from test_report import DIES_IN_A_BATCH, cli
 
 def _chromium(*args: str) -> subprocess.CompletedProcess:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert browser, "Debian's chromium is needed (bash .ci/install installs it)"
+    assert browser, "Debian's chromium is needed (bash .ci/install --tests installs it)"
     return subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", *args],
                           capture_output=True, text=True, timeout=120)
 
