@@ -24,14 +24,12 @@ The ratio printed last is a collective's recording cost over a kernel span's.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
-import tempfile
 
 import torch
 import torch.distributed as dist
-from overhead import per_call_us, rounds_table, timing_options
+from overhead import per_call_us, recording_at_level_1, rounds_table, timing_options
 
 import sglang_otel_kernels as sok
 
@@ -51,9 +49,7 @@ def send_shaped(tensor, dst=None, group=None, tag=0, group_dst=None):
 def main(argv: list[str] | None = None) -> int:
     options = timing_options(__doc__, argv)
 
-    torch.set_num_threads(1)
-    directory = tempfile.mkdtemp(prefix="sok-collective-")
-    sok.configure(level=1, log_dest="off", trace_file=os.path.join(directory, "trace_%i.sgltrace"), export_sidecar=False)
+    directory = recording_at_level_1("sok-collective-")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         rendezvous = probe.getsockname()[1]

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 
 import torch
-from overhead import per_call_us, rounds_table, timing_options
+from overhead import per_call_us, recording_at_level_1, rounds_table, timing_options
 
 import sglang_otel_kernels as sok
 from sglang_otel_kernels.capture.graphs import record_graph_class, replay_attributes
@@ -97,9 +96,7 @@ def graph_table(directory: str) -> list[tuple[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     options = timing_options(__doc__, argv)
 
-    torch.set_num_threads(1)
-    directory = tempfile.mkdtemp(prefix="sok-graph-")
-    sok.configure(level=1, log_dest="off", trace_file=os.path.join(directory, "trace_%i.sgltrace"), export_sidecar=False)
+    directory = recording_at_level_1("sok-graph-")
     bare_replay = StandInGraph.replay
     record_graph_class(StandInGraph)
     graph = StandInGraph()

@@ -97,6 +97,16 @@ def timing_options(description: str, argv: list[str] | None) -> argparse.Namespa
     return parser.parse_args(argv)
 
 
+def recording_at_level_1(prefix: str) -> str:
+    """One thread for torch, and recording at level 1 into a trace file in a
+    new directory (no text log, no export): the set-up of a benchmark that
+    times a kind of span against a level-1 kernel span; the directory."""
+    torch.set_num_threads(1)
+    directory = tempfile.mkdtemp(prefix=prefix)
+    sok.configure(level=1, log_dest="off", trace_file=os.path.join(directory, "trace_%i.sgltrace"), export_sidecar=False)
+    return directory
+
+
 def rounds_table(one_round, options: argparse.Namespace) -> dict[str, float]:
     """`one_round()` (a list of (label, us per call)) run `--rounds` times;
     each row printed as its median over the rounds, and returned by label."""

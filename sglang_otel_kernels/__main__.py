@@ -115,7 +115,7 @@ def _report(options) -> int:
         raise _Failure(f"no kernel calls in {len(digests)} process(es) of the OTLP JSON files given")
     report = build_report(ours, last=options.last, hang_seconds=options.hang_seconds)
     report["skipped_processes"] = len(digests) - len(ours)
-    contents = [item.contents for item in digests]
+    contents = [item.contents for item in ours]
     if options.html:
         from .recover.html import render_html
 

@@ -339,11 +339,10 @@ class KernelSite:
             note, added = "", None
             if _device_fault is not None and is_device_error(exc):
                 note = f"a sticky device error, first seen {_device_fault}: not necessarily this call's"
-            elif is_device_error(exc):
-                graph = graphs.suspect()  # an asynchronous error seen first here: the newest replay comes first
-                if graph is not None:
-                    _saw_device_fault(f"in {self.name}, after {graph[1][schema.GRAPH_SUSPECT]}")
-                    note, added = _ASYNC_NOTE + f"; {graph[0]}", graph[1]
+            elif is_device_error(exc) and (graph := graphs.suspect()) is not None:
+                # An asynchronous error seen first here: the newest CUDA graph replay comes first.
+                _saw_device_fault(f"in {self.name}, after {graph[1][schema.GRAPH_SUSPECT]}")
+                note, added = _ASYNC_NOTE + f"; {graph[0]}", graph[1]
             try:
                 runtime.spans.fail(span, exc, note, added)
             except Exception as inner:

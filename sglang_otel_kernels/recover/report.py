@@ -18,6 +18,8 @@ from .ranks import render as render_verdict
 from .reader import RecoveredSpan, TraceFileContents, read_text
 from .stacks import tidy_stacks
 
+OUTPUT_PREFIX = PREFIX + "output"  # `sglang.kernel.output.shape`, `sglang.kernel.output.0.shape`
+STATES = {"UNSET": "ok", "OK": "ok", "ERROR": "error"}  # a span's status, as the report words it
 _TENSOR_FIELDS = ("shape", "dtype", "device", "stride", "contiguous", "requires_grad",
                   "min", "max", "mean", "nan_count", "inf_count", "has_nan", "has_inf", "stats")
 
@@ -26,14 +28,14 @@ def is_kernel(span: RecoveredSpan) -> bool:
     return NAME in span.attributes
 
 
-def _grouped(span: RecoveredSpan, prefix: str) -> dict[str, Any]:
-    """Attributes under `prefix` grouped by path (an argument's, the
-    output's): a tensor's fields become one dict."""
+def _grouped(span: RecoveredSpan, prefix: str, strip: str) -> dict[str, Any]:
+    """Attributes under `prefix` grouped by path (their key less `strip`:
+    an argument's, the output's): a tensor's fields become one dict."""
     grouped: dict[str, Any] = {}
     for key, value in span.attributes.items():
         if not key.startswith(prefix):
             continue
-        path = key[len(PREFIX):] if prefix == OUTPUT_PREFIX else key[len(prefix):]
+        path = key[len(strip):]
         head, _, field = path.rpartition(".")
         if head and field in _TENSOR_FIELDS:
             entry = grouped.setdefault(head, {})
@@ -42,10 +44,6 @@ def _grouped(span: RecoveredSpan, prefix: str) -> dict[str, Any]:
                 continue
         grouped.setdefault(path, value)
     return grouped
-
-
-OUTPUT_PREFIX = PREFIX + "output"  # `sglang.kernel.output.shape`, `sglang.kernel.output.0.shape`
-STATES = {"UNSET": "ok", "OK": "ok", "ERROR": "error"}  # a span's status, as the report words it
 
 
 def _shown(value: Any) -> str:
@@ -121,8 +119,8 @@ def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents:
         "state": "running" if span.in_flight else STATES.get(span.status_code, str(span.status_code).lower()),
         "description": span.status_description,
         "seq": span.attributes.get(SEQ),
-        "inputs": _grouped(span, INPUT_PREFIX),
-        "outputs": _grouped(span, OUTPUT_PREFIX),
+        "inputs": _grouped(span, INPUT_PREFIX, INPUT_PREFIX),  # arg0, eps
+        "outputs": _grouped(span, OUTPUT_PREFIX, PREFIX),  # output, output.0
         "dump_dir": span.attributes.get(DUMP_DIR),
         "exception": None if exception is None else {
             "type": exception.get("exception.type"), "message": exception.get("exception.message")},
