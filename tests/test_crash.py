@@ -2,6 +2,7 @@
 the call that was running, with its inputs, and every call before it."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -221,3 +222,36 @@ def test_interrupts_anywhere_in_recording_leave_neither_a_lock_held_nor_a_call_r
     assert last.parent_span_id == 0  # no kernel call runs around it
     roots = sum(not span.parent_span_id for span in spans)
     assert roots > 0.99 * len(spans), (roots, len(spans))
+
+
+def test_a_call_in_flight_at_a_fatal_signal_runs_until_the_death_its_traceback_dates(tmp_path):
+    """A kernel that works 0.4 s and then aborts: its start record is the
+    file's newest, and the heartbeat (every second) may have said nothing
+    since, so only the traceback faulthandler wrote at the death dates the
+    end. Exported (Jaeger, Chrome), the call spans its 0.4 s, not 0 us; a
+    traceback touched later is not believed."""
+    script = (
+        "import os, time, torch, sglang_otel_kernels as sok\n"
+        "sok.configure(level=1, log_dest='off', trace_file='t.sgltrace')\n"
+        "@sok.debug_kernel_api(op_name='slow')\n"
+        "def slow(x):\n"
+        "    time.sleep(0.4)\n"
+        "    os.abort()\n"
+        "slow(torch.ones(1))\n"
+    )
+    proc = run_python(script, tmp_path)
+    assert proc.returncode == -signal.SIGABRT, proc.stderr
+    path = tmp_path / "t.sgltrace"
+    contents = sok.read_trace_file(path)
+    [call] = [span for span in contents.spans if span.in_flight]
+    # File times tick at the kernel's clock interrupt (a few ms).
+    assert contents.died and 0.39e9 <= contents.last_alive - call.start_time < 3e9
+    exported = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "export", str(path), "-o", "-"],
+                              capture_output=True, text=True, timeout=120)
+    [span] = [span for resource in json.loads(exported.stdout)["resourceSpans"] for scope in resource["scopeSpans"]
+              for span in scope["spans"]]
+    assert int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"]) >= 0.39e9
+    traceback = Path(str(path) + ".traceback")
+    later = traceback.stat().st_mtime + 3600
+    os.utime(traceback, (later, later))
+    assert sok.read_trace_file(path).died == 0

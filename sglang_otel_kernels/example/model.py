@@ -4,6 +4,7 @@ names its own (a custom op, a quant method), so the traces read the same."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 import torch
@@ -22,12 +23,16 @@ def build_model(seed: int = 0, crash: bool = False) -> Callable[[torch.Tensor], 
     `configure`: the kernels are decorated here, as an engine's layers are at import.
     An out-of-range token id makes the embedding kernel fail: an IndexError
     (a device-side assert on a GPU), or with `crash=True` the death of the
-    process by SIGABRT, as an illegal memory access takes a server down.
+    process by SIGABRT 50 ms into the call, as an illegal memory access
+    takes a server down when the host waits for the device.
     NAN_TOKEN makes NaN (visible at level 5)."""
 
     @debug_kernel_api(op_name="sglang.custom_op.embedding")
     def embedding(token_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         if crash and int(token_ids.max()) >= table.shape[0]:
+            # A GPU reports the fault when the host next waits for it, after
+            # the work queued before: the call blocks a moment, then dies.
+            time.sleep(0.05)
             os.abort()
         return torch.nn.functional.embedding(token_ids, table)
 

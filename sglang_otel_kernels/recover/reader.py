@@ -98,13 +98,14 @@ class TraceFileContents:
     live: bool = False  # its writer still runs (it holds the file's lock): calls in flight are running now
     heartbeat: int = 0  # when the writer last said it was alive (ns; 0: unknown), also while it hangs
     exited: bool = False  # the interpreter exited normally (an EXIT record): not killed, not crashed
+    died: int = 0  # when the writer died of a fatal signal, from its traceback file (ns; 0: unknown)
     # CUDA graphs the file names: id -> (their captured calls, each (name, input shapes, input dtypes), calls left out)
     graphs: dict = dataclasses.field(default_factory=dict)
 
     @property
     def last_alive(self) -> int:
-        """The last sign of life of the writer: its heartbeat or newest record (ns)."""
-        return max(self.heartbeat, self.last_time)
+        """The last sign of life of the writer: its heartbeat, newest record or death (ns)."""
+        return max(self.heartbeat, self.last_time, self.died)
 
 
 def read_trace(path: str | os.PathLike) -> list[RecoveredSpan]:
@@ -117,7 +118,28 @@ def read_trace_file(path: str | os.PathLike) -> TraceFileContents:
     with map_trace_file(path) as data, _collector_paused():
         contents = _parse(path, data)
     contents.live = writer_alive(path)
+    if not contents.live and not contents.exited:
+        contents.died = death_time(path, contents.last_alive)
     return contents
+
+
+def death_time(path: str, alive: int) -> int:
+    """When the writer of the trace file at `path` died of a fatal signal
+    (ns; 0: unknown): the time faulthandler wrote its traceback beside the
+    file. A call in flight runs until then, often well after its start
+    record, the newest. That time is believed only within two heartbeats
+    after `alive`, the last sign of life: a traceback copied or touched
+    later says nothing of the death."""
+    try:
+        fd = open_regular(fmt.traceback_path(path))
+    except TraceFileError:
+        return 0
+    try:
+        stat = os.fstat(fd)
+    finally:
+        os.close(fd)
+    written = stat.st_mtime_ns
+    return written if stat.st_size and alive < written <= alive + int(2e9 * fmt.HEARTBEAT_S) else 0
 
 
 @contextlib.contextmanager
