@@ -278,7 +278,7 @@ def test_ranks_get_their_own_files(tmp_path):
         assert len(contents.spans) == 5
 
 
-@pytest.mark.parametrize("where", ["missing-dir/t.sgltrace", "a-file/t.sgltrace", "."])
+@pytest.mark.parametrize("where", ["a-file/below/t.sgltrace", "a-file/t.sgltrace", "."])
 def test_unwritable_path_warns_once_and_calls_go_on(traced, tmp_path, capsys, where):
     (tmp_path / "a-file").write_text("not a directory")
     exporter = traced(level=3)
@@ -415,3 +415,18 @@ def test_threads_that_reuse_an_ident_keep_their_own_names(traced, tmp_path):
     spans = sok.read_trace(trace_path(tmp_path))
     assert [s.thread_name for s in spans] == names
     assert len({s.thread_id for s in spans}) == len(idents)
+
+
+def test_a_missing_directory_of_the_trace_file_is_made_private(tmp_path):
+    """SGLANG_KERNEL_API_TRACEFILE=/data/crash/trace_%i.sgltrace before
+    /data/crash exists: the directory is made (0700), not the run lost."""
+    script = (
+        "import torch, sglang_otel_kernels as sok\n"
+        "sok.configure(level=1, log_dest='off', trace_file='job/7/trace_%i.sgltrace')\n"
+        "sok.debug_kernel_api(op_name='k')(lambda x: x)(torch.ones(1))\n"
+    )
+    proc = run_python(script, tmp_path)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    [path] = (tmp_path / "job" / "7").glob("trace_*.sgltrace")
+    assert [span.name for span in sok.read_trace(path)] == ["k"]
+    assert stat.S_IMODE((tmp_path / "job" / "7").stat().st_mode) == 0o700

@@ -298,6 +298,9 @@ class TraceFileWriter:
         candidates = [wanted, _child_path(wanted, str(pid))] + [_child_path(wanted, f"{pid}-{n}") for n in (1, 2, 3)]
         fd = None
         try:
+            # A directory asked for that is not there yet (one per job, say) is
+            # made, private: without it every call of the run would go unrecorded.
+            os.makedirs(os.path.dirname(wanted), mode=0o700, exist_ok=True)
             for path in candidates:
                 fd = self._claim(path)
                 if fd is not None:
