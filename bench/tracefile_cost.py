@@ -138,15 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(("floor: 2 fixed records a span", *side_by_side(
         bare, floor_provider.get_tracer("bench"), LEVEL1, options.spans, options.repeats)))
     processor.set_writer(writer("alone.sgltrace"))
-    recorder = processor.TraceFileProcessor()
-    alone = statistics.median(recorder_us(bare, recorder, LEVEL1, options.spans) for _ in range(options.repeats))
+    alone = {}
+    for private in (True, False):  # the SDK's private span fields, or its public properties
+        recorder = processor.TraceFileProcessor(private=private)
+        alone[private] = statistics.median(recorder_us(bare, recorder, LEVEL1, options.spans)
+                                           for _ in range(options.repeats))
     processor.set_writer(None)
     calibration = calibration_us()
 
     print(f"python {sys.version.split()[0]}, {options.spans} spans a burst x {options.repeats} pairs, medians")
     print(f"calibration: json.dumps of a small dict {calibration:.2f} us here, 2 us in REFERENCE.md "
           f"(this machine {calibration / 2:.2f}x slower)")
-    print(f"recorder alone (on_start + on_end, level-1 span): {alone:.2f} us")
+    print(f"recorder alone (on_start + on_end, level-1 span): {alone[True]:.2f} us reading the SDK's private "
+          f"fields, {alone[False]:.2f} us through its public API (ratio {alone[False] / alone[True]:.2f}; "
+          f"this SDK: {'private' if processor.private_fields_present() else 'public'})")
     print(f"{'span':30s} {'no file us':>11s} {'with file us':>13s} {'added us':>9s} {'ratio':>6s}")
     for label, without, with_file, added in rows:
         print(f"{label:30s} {without:11.2f} {with_file:13.2f} {added:9.2f} {with_file / without:6.2f}")

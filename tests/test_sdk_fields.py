@@ -81,3 +81,78 @@ def test_the_grpc_exporter_still_encodes_through_the_hook_our_encoder_overrides(
     assert "_translate_data" in vars(OTLPSpanExporter)
     assert DirectGrpcExporter._translate_data is not OTLPSpanExporter._translate_data
     assert "self._translate_data(" in inspect.getsource(OTLPExporterMixin._export)
+
+
+def test_this_sdk_takes_the_private_field_fast_paths():
+    from sglang_otel_kernels.record import processor
+
+    assert processor.private_fields_present()
+
+
+def _record_spans(tmp_path, name: str, private: bool) -> list:
+    """Application spans of every shape on_start and on_end see, recorded by
+    a processor that reads private fields or the public API."""
+    from opentelemetry.trace import Status, StatusCode
+
+    import sglang_otel_kernels as sok
+    from sglang_otel_kernels.record import processor, tracefile
+
+    path = str(tmp_path / name)
+    processor.set_writer(tracefile.TraceFileWriter(path, capacity=1 << 20))
+    provider = TracerProvider()
+    provider.add_span_processor(TraceFileProcessor(private=private))
+    tracer = provider.get_tracer("server", "2")
+    try:
+        with tracer.start_as_current_span("request", kind=SpanKind.SERVER, attributes={"rid": "r1"}) as request:
+            batch = tracer.start_span("batch", links=[Link(request.get_span_context(), {"rid": "r1"})])
+            batch.set_attribute("size", 4)  # changed after its start: a full end record
+            batch.add_event("scheduled", {"step": 1})
+            batch.end()
+            quiet = tracer.start_span("quiet", attributes={"n": 1})  # unchanged: a compact end record
+            quiet.set_status(Status(StatusCode.ERROR, "it failed"))
+            quiet.end()
+            tracer.start_span("never ended").__enter__()
+    finally:
+        processor.set_writer(None)
+    return [(s.name, s.kind, s.attributes, [(t, a) for _, _, a in s.links for t in [s.trace_id == _]],
+             [(e[0], e[2]) for e in s.events], s.status_code, s.status_description, s.in_flight,
+             s.scope_name, s.scope_version, s.parent_span_id != 0) for s in sok.read_trace(path)]
+
+
+def test_the_public_api_records_what_the_private_fields_record(tmp_path):
+    public = _record_spans(tmp_path, "public.sgltrace", private=False)
+    assert public == _record_spans(tmp_path, "private.sgltrace", private=True)
+    assert [span[0] for span in public] == ["request", "batch", "quiet", "never ended"]
+    assert public[1][2] == {"size": 4} and public[1][4] == [("scheduled", {"step": 1})] and public[1][3]
+    assert public[2][5:7] == ("ERROR", "it failed") and public[3][7]
+
+
+class _ProcessorsElsewhere:
+    """The processor list of an SDK that does not keep it where ours is read."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str):
+        if name == "_span_processors":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_without_the_sdks_processor_list_kernel_spans_reach_its_exporters_and_the_file_once(provider, tmp_path):
+    import torch
+
+    import sglang_otel_kernels as sok
+
+    provider._active_span_processor = _ProcessorsElsewhere(provider._active_span_processor)
+    path = tmp_path / "t.sgltrace"
+    sok.configure(level=3, log_dest="off", spans=True, tracer_provider=provider, trace_file=str(path))
+    kernel = sok.debug_kernel_api(op_name="k")(lambda x: x + 1)
+    with provider.get_tracer("server").start_as_current_span("request") as request:
+        kernel(torch.ones(2))
+    exported = {span.name: span for span in provider.exporter.get_finished_spans()}
+    assert set(exported) == {"request", "k"}
+    assert exported["k"].parent.span_id == request.get_span_context().span_id
+    assert exported["k"].attributes["sglang.kernel.input.arg0.shape"] == (2,)
+    sok.configure(trace_file="off")
+    assert sorted(span.name for span in sok.read_trace(path)) == ["k", "request"]

@@ -8,14 +8,25 @@ ends the span, so the call that was running when the process died is on disk.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from operator import attrgetter
+
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import Link, Status, StatusCode
 
 from ..notices import warn_failed_once
 from . import tracefile
 from .tracefile import IDENT, NOTED
 
 _current: "tracefile.TraceFileWriter | None" = None
+# Set (a threading.local) where kernel spans reach an SDK provider's other
+# processors only by being made again through its tracer (record/spans.py,
+# an SDK without the private processor list): `active` while one is made.
+# The decorator wrote the call into the file already, so none is recorded.
+remaking = None
 
 
 class KernelSpan(ReadableSpan):
@@ -56,6 +67,47 @@ def _plain(attributes) -> dict:
     return attributes._dict if type(attributes) is BoundedAttributes else dict(attributes or {})
 
 
+# What on_start and on_end read of a span: the SDK's private fields (plain
+# attribute loads) where the running SDK has them, else the public
+# properties (a Python call each; docs/performance.md has the difference).
+_START = ("context", "parent", "attributes", "links", "name", "instrumentation_scope", "start_time", "kind")
+_END = ("context", "status.status_code", "status.description", "events", "attributes", "end_time")
+
+
+def _getters(private: bool) -> tuple[attrgetter, attrgetter]:
+    def field(name: str) -> str:
+        return ".".join("_" + part for part in name.split(".")) if private else name
+    return attrgetter(*map(field, _START)), attrgetter(*map(field, _END))
+
+
+def _same(private, public) -> bool:
+    if isinstance(public, Mapping):
+        return _plain(private) == dict(public)
+    if isinstance(public, (tuple, list)):
+        return _items(private) == tuple(public)
+    return private == public
+
+
+def private_fields_present() -> bool:
+    """Whether this SDK's spans keep, under the private names read here,
+    what their public properties give: checked once, on a real span."""
+    global _private
+    if _private is None:
+        try:
+            tracer = TracerProvider(sampler=ALWAYS_ON, resource=Resource.get_empty()).get_tracer("probe", "1")
+            with tracer.start_as_current_span("parent") as parent:
+                span = tracer.start_span("probe", attributes={"a": 1}, links=[Link(parent.get_span_context())])
+                span.add_event("e")
+                span.set_status(Status(StatusCode.ERROR, "why"))
+                span.end()
+            _private = all(_same(a, b) for private, public in zip(_getters(True), _getters(False))
+                           for a, b in zip(private(span), public(span)))
+        except Exception:  # noqa: BLE001  (any surprise means: not the fields we know)
+            _private = False
+    return _private
+
+
+_private: "bool | None" = None
 _LOW64 = (1 << 64) - 1
 # A span's attributes at its start, kept (a copy) to end it with a compact
 # record when nothing changed: copying and comparing costs less than encoding
@@ -71,12 +123,15 @@ class TraceFileProcessor(SpanProcessor):
     name, start time, thread, scope, attributes, links); the end record adds
     what the end brings (end time, status, events, the final attributes).
     This runs twice per application span (requests, batches, threads), so
-    it reads the SDK span's fields directly (every SDK span is a ReadableSpan,
-    which sets them; enum values through `_value_`, as Enum hashes in
-    Python), encodes the fixed ones with one struct and names as numbers.
+    it reads the SDK span's fields directly where the SDK has them (every
+    SDK span is a ReadableSpan, which sets them; enum values through
+    `_value_`, as Enum hashes in Python), encodes the fixed ones with one
+    struct and names as numbers.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, private: bool | None = None) -> None:
+        """`private`: read the SDK's private span fields (None: where it has them)."""
+        self._start, self._end = _getters(private_fields_present() if private is None else private)
         self._scopes: dict = {}
         self._unchanged: dict = {}  # span id: its attributes at its start
 
@@ -92,17 +147,17 @@ class TraceFileProcessor(SpanProcessor):
     def on_start(self, span, parent_context=None, _pack=tracefile.SPAN_START.pack, _encode=tracefile.encode,
                  _encoding=tracefile.ENCODING_SPAN_START, _per_thread=tracefile.per_thread) -> None:
         writer = _current
-        if writer is None or writer.failed:
+        if writer is None or writer.failed or remaking is not None and getattr(remaking, "active", False):
             return
         try:
+            context, parent, attributes, links, name, scope, start, kind = self._start(span)
             # SpanContext is a tuple: unpacked at once, its properties cost 45 ns each.
-            trace_id, span_id, _, trace_flags, _, _ = span._context
-            parent = span._parent
+            trace_id, span_id, _, trace_flags, _, _ = context
             state = _per_thread.state
             if state[NOTED] is not writer:
                 writer.note_thread(state)
             thread = state[IDENT]
-            attributes = _plain(span._attributes)
+            attributes = _plain(attributes)
             unchanged = self._unchanged
             if len(attributes) <= _REMEMBERED and len(unchanged) < _MAX_OPEN:
                 unchanged[span_id] = attributes.copy()
@@ -114,42 +169,41 @@ class TraceFileProcessor(SpanProcessor):
                     flags |= tracefile.FLAG_REMOTE_PARENT
                 if parent_flags & 1:
                     flags |= tracefile.FLAG_PARENT_SAMPLED
-            links = _items(span._links)
+            links = _items(links)
             data = attributes
             if links:
                 flags |= tracefile.FLAG_LINKS
                 data = (attributes, tuple(
                     (link.context.trace_id, link.context.span_id, dict(link.attributes or {})) for link in links))
-            name = span._name
             symbol = writer.symbols.get(name) or writer.symbol(name)
             if not symbol:  # no room in the name table (a name per request): written inline
                 flags |= tracefile.FLAG_INLINE_NAME
                 data = (name, data)
-            scope = self._scopes.get(id(span._instrumentation_scope))
-            if scope is None or scope[1] is not writer.symbols:
-                scope = self._scope(writer, span._instrumentation_scope)
+            entry = self._scopes.get(id(scope))
+            if entry is None or entry[1] is not writer.symbols:
+                entry = self._scope(writer, scope)
             writer.write_record(_encoding, _pack(
-                trace_id >> 64, trace_id & _LOW64, span_id, parent_id, span._start_time, thread, symbol, scope[2],
-                span._kind._value_, flags) + _encode(data))
+                trace_id >> 64, trace_id & _LOW64, span_id, parent_id, start, thread, symbol, entry[2],
+                kind._value_, flags) + _encode(data))
         except Exception as exc:
             warn_failed_once("trace-file record", exc)
 
     def on_end(self, span, _compact=tracefile.COMPACT_END.pack, _encoding=tracefile.ENCODING_COMPACT_END) -> None:
         writer = _current
-        if writer is None or writer.failed or type(span) is KernelSpan:
+        if writer is None or writer.failed or type(span) is KernelSpan or \
+                remaking is not None and getattr(remaking, "active", False):
             return  # a kernel span: the decorator wrote it into the file already
         try:
-            trace_id, span_id, _, _, _, _ = span._context
-            status = span._status
-            events = _items(span._events)  # not `not span._events`: BoundedList's len is Python code
-            attributes = _plain(span._attributes)
-            code = status._status_code._value_
-            if self._unchanged.pop(span_id, None) == attributes and not events and not status._description:
-                writer.write_record(_encoding, _compact(span_id, span._end_time, code))
+            context, code, description, events, attributes, end = self._end(span)
+            trace_id, span_id, _, _, _, _ = context
+            events = _items(events)  # not `not events`: BoundedList's len is Python code
+            attributes = _plain(attributes)
+            code = code._value_
+            if self._unchanged.pop(span_id, None) == attributes and not events and not description:
+                writer.write_record(_encoding, _compact(span_id, end, code))
                 return
             events = tuple((event.name, event.timestamp, dict(event.attributes or {})) for event in events)
-            writer.append((tracefile.END, trace_id, span_id, span._end_time, code, status._description or "",
-                           events, attributes))
+            writer.append((tracefile.END, trace_id, span_id, end, code, description or "", events, attributes))
         except Exception as exc:
             warn_failed_once("trace-file record", exc)
 

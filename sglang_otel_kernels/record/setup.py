@@ -63,10 +63,24 @@ def _identity_changed(values: dict) -> None:
 
 def _add_to_resource(provider, attributes: dict) -> None:
     # The SDK offers no public way to change a provider's resource: its
-    # internal update, where it is there (tests/test_sdk_fields.py pins it).
+    # internal update, where it is there (1.44 on; tests/test_sdk_fields.py
+    # pins it). Older ones keep theirs, and the kernel spans handed to the
+    # provider's processors carry the updated one (resource_of).
     update = getattr(provider, "_update_resource", None)
     if update is not None:
         update(Resource(attributes))
+    else:
+        _updated_resources[provider] = resource_of(provider).merge(Resource(attributes))
+
+
+_updated_resources: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def resource_of(provider) -> Resource:
+    """The resource of `provider` with what this package learnt since it was
+    made (ranks, a forked child's pid), where its SDK could not take it."""
+    resource = _updated_resources.get(provider)
+    return resource if resource is not None else getattr(provider, "resource", None) or Resource.get_empty()
 
 
 identity.on_change(_identity_changed)
@@ -117,10 +131,12 @@ def watch_global_provider() -> None:
     @functools.wraps(original)
     def set_tracer_provider(tracer_provider) -> None:
         current = trace.get_tracer_provider()
-        handing_over = current in _own_providers and tracer_provider is not current
+        # OpenTelemetry sets the global provider once; its guard is private
+        # (tests/test_sdk_fields.py pins it). Where it is not, the API keeps
+        # ours and says so, as it would for any second provider.
+        handing_over = (current in _own_providers and tracer_provider is not current
+                        and hasattr(trace, "_TRACER_PROVIDER_SET_ONCE"))
         if handing_over:
-            # OpenTelemetry sets the global provider once; its guard is
-            # private (tests/test_sdk_fields.py pins it).
             trace._TRACER_PROVIDER_SET_ONCE = type(trace._TRACER_PROVIDER_SET_ONCE)()
             trace._TRACER_PROVIDER = None
         original(tracer_provider)

@@ -14,16 +14,16 @@ import random
 import time
 from typing import Callable
 
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from ..notices import warn
 from ..record.export import ExportSampler
 from .otlp_json import resource_attributes
 from ..record import tracefile as fmt
 from ..schema import HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME
-from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, map_trace_file, read_header, read_heartbeat,
-                     record_at, scan, with_gaps, writer_alive)
-from .replay import BATCH, FileResource, readable
+from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death_time, map_trace_file, read_header,
+                     read_heartbeat, record_at, scan, with_gaps, writer_alive)
+from .replay import BATCH, FileResource, delivered, readable
 
 # Spans kept for a back end that does not take them, then the oldest are dropped.
 _MAX_PENDING = 50_000
@@ -205,11 +205,12 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 pending.extend(readable(span, resource, now) for span in _still_running(assembler, hung, now, hang_ns))
             if not running:
                 last_alive = max(assembler.last_time, read_heartbeat(follower.data), seen_alive)
+                last_alive = max(last_alive, death_time(path, last_alive))
                 in_flight = [readable(span, resource, last_alive) for span in assembler.in_flight()]
                 pending.extend(in_flight)
             while pending:
                 batch = pending[:BATCH]
-                if exporter.export(batch) is not SpanExportResult.SUCCESS:
+                if not delivered(exporter, batch):
                     if not failed_once:
                         warn(f"follow {path}: the back end did not take {len(batch)} spans; retrying")
                         failed_once = True
