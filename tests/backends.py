@@ -56,12 +56,15 @@ def clean_env(**settings) -> dict:
 
 class Jaeger:
     """Jaeger v2 on free loopback ports; `config`: a file of collector-config/
-    (in-memory storage by default; gateway/jaeger-badger.yaml persists)."""
+    (in-memory storage by default; gateway/jaeger-badger.yaml persists);
+    `ui`: the folder of a built Jaeger UI to serve."""
 
-    def __init__(self, log_dir, config: str = "jaeger.yaml", **env) -> None:
+    def __init__(self, log_dir, config: str = "jaeger.yaml", ui: str | None = None, **env) -> None:
         self.otlp = f"127.0.0.1:{port()}"
         self.query = f"http://127.0.0.1:{port()}"
         self.config = os.path.join(CONFIG, config)
+        if ui:
+            env["JAEGER_UI_ASSETS"] = os.path.realpath(ui)
         self.env = clean_env(JAEGER_OTLP_GRPC=self.otlp, JAEGER_QUERY_HTTP=self.query[7:],
                              JAEGER_QUERY_GRPC=f"127.0.0.1:{port()}", **env)
         self.log = open(os.path.join(log_dir, f"jaeger-{os.path.basename(config)}.log"), "a")

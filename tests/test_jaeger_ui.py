@@ -1,0 +1,144 @@
+"""Jaeger's own web UI, as a user opens it after a crash: the built UI of
+../shared/jaeger-ui served by the Jaeger .ci/backends builds, in Debian's
+headless Chromium driven by Playwright. The example service exports straight
+to Jaeger (no Collector, so no sampling): a NaN request, then a crash inside
+a kernel (SIGABRT) whose call in flight the sidecar exports. The assertions
+are on what the pages show; the screenshots go to docs/."""
+
+import os
+import random
+import re
+import signal
+
+import pytest
+
+from backends import ROOT, Jaeger, ensure_built, wait
+from test_backends import NAN, _crash, _post, _service
+
+UI = os.path.join(os.path.dirname(ROOT), "shared", "jaeger-ui")
+DOCS = os.path.join(ROOT, "docs")
+CHROMIUM = "/usr/bin/chromium"
+
+pytestmark = pytest.mark.skipif(
+    not os.path.isfile(os.path.join(UI, "index.html")),
+    reason=f"Jaeger's built UI is not at {UI} (it ships beside this project's CI, not with a clone; "
+           "Jaeger's container image serves it to users)")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    ensure_built()
+    tmp_path = tmp_path_factory.mktemp("jaeger-ui")
+    jaeger = Jaeger(tmp_path, ui=UI)
+    try:
+        endpoint = f"http://{jaeger.otlp}"
+        rng = random.Random(27)  # trace ids that look like real ones in the screenshots
+        ids = {what: rng.getrandbits(128) for what in ("healthy", "nan", "crash")}
+        server, port = _service(tmp_path, "example", endpoint)
+        try:
+            assert _post(port, [4, 5], ids["healthy"]) == 200
+            assert _post(port, NAN, ids["nan"]) == 200
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=60)
+        _crash(tmp_path, "example-crash", endpoint, ids["crash"])
+        wait("the crash trace in Jaeger, in flight call included",
+             lambda: any(span["operationName"] == "sglang.custom_op.embedding"
+                         for span in jaeger.trace(ids["crash"])["spans"]), timeout=60)
+        wait("the NaN trace in Jaeger", lambda: len(jaeger.trace(ids["nan"])["spans"]) >= 5, timeout=60)
+        yield jaeger, ids
+    finally:
+        jaeger.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright (the test extra) is not installed")
+    assert os.access(CHROMIUM, os.X_OK), "Debian's chromium is needed (bash .ci/install --tests installs it)"
+    with playwright_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 820})
+    page.set_default_timeout(20_000)
+    yield page
+    page.close()
+
+
+def _open_trace(page, jaeger, trace_id: int):
+    page.goto(f"{jaeger.query}/trace/{trace_id:032x}")
+    page.wait_for_selector(".span-row")
+
+
+def _row(page, operation: str):
+    return page.locator(".span-row", has=page.locator(".endpoint-name", has_text=re.compile(f"^{re.escape(operation)}$")))
+
+
+def _tags(page) -> dict:
+    """The tags of the span whose detail is open, as the table shows them."""
+    page.locator(".AccordianKeyValues--header", has_text="Tags").click()
+    rows = page.locator(".KeyValueTable--row")
+    rows.first.wait_for()
+    return {row.locator("td").nth(0).inner_text().strip(): re.sub(r"\s*\n\s*", "", row.locator("td").nth(1).inner_text().strip())
+            for row in rows.all()}
+
+
+def _micros(label: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(μs|ms|s)", label.strip()).groups()
+    return float(number) * {"μs": 1, "ms": 1e3, "s": 1e6}[unit]
+
+
+def test_the_crash_trace_shows_the_request_its_batch_and_the_call_in_flight_as_an_error(world, page):
+    jaeger, ids = world
+    _open_trace(page, jaeger, ids["crash"])
+    assert page.locator(".TracePageHeader--title").inner_text().startswith("example-crash: POST /generate")
+    names = [name.strip() for name in page.locator(".span-row .endpoint-name").all_inner_texts()]
+    assert names == ["POST /generate", "decode_batch", "sglang.custom_op.embedding"]  # nested in this order
+    kernel = _row(page, "sglang.custom_op.embedding")
+    assert kernel.locator(".SpanBarRow--errorIcon").count() == 1
+    # Its bar runs until the process died (50 ms into the call), not a 0 us sliver.
+    assert _micros(kernel.locator(".SpanBar--label").inner_text()) >= 40_000
+    kernel.locator(".span-name").click()
+    tags = _tags(page)
+    assert tags["sglang.kernel.in_flight"] == "true" and tags["error"] == "true"
+    assert tags["otel.status_description"] == "the process ended during this call (no end record)"
+    assert tags["sglang.kernel.input.arg0.shape"] == "[1,2]" and tags["sglang.kernel.input.arg0.dtype"] == "torch.int64"
+    assert tags["sglang.kernel.input.arg0.max"] == "99"  # the token outside the 32-token vocabulary
+    assert tags["thread.name"] == "scheduler"
+    # Jaeger warns of nothing it had to mend (a span ending before it starts, say).
+    assert page.locator(".AccordianWarnings").count() == 0 or \
+        "Negative duration" not in page.locator(".AccordianWarnings").inner_text()
+    page.screenshot(path=os.path.join(DOCS, "jaeger-crash-trace.png"))
+
+
+def test_a_kernel_span_shows_its_tensor_tags_and_nan_flags(world, page):
+    jaeger, ids = world
+    _open_trace(page, jaeger, ids["nan"])
+    _row(page, "sglang.custom_op.rmsnorm").locator(".span-name").click()
+    tags = _tags(page)
+    assert tags["sglang.kernel.has_nan"] == "true" and tags["sglang.kernel.output.has_nan"] == "true"
+    assert tags["sglang.kernel.output.nan_count"] == "8"
+    assert tags["sglang.kernel.input.arg0.has_nan"] == "false"  # finite inputs: this kernel made the NaN
+    assert tags["sglang.kernel.input.arg0.shape"] == "[1,2,8]" and tags["sglang.kernel.input.arg0.stride"] == "[16,8,1]"
+    assert tags["sglang.kernel.input.arg0.contiguous"] == "true" and tags["sglang.kernel.input.arg0.device"] == "cpu"
+    page.set_viewport_size({"width": 1400, "height": 1600})  # the output's tags too
+    page.screenshot(path=os.path.join(DOCS, "jaeger-nan-tags.png"))
+
+
+def test_the_tag_search_has_nan_finds_the_nan_trace_alone(world, page):
+    jaeger, ids = world
+    page.goto(f"{jaeger.query}/search")
+    page.locator(".ant-form-item", has_text="Service").locator(".ant-select").first.click()
+    page.locator('.ant-select-item-option[title="example"]').click()
+    page.fill("input[name=tags]", "sglang.kernel.has_nan=true")
+    page.click(".SearchForm--submit")
+    page.wait_for_selector(".ResultItem")
+    found = {link.get_attribute("href").rsplit("/", 1)[1] for link in page.locator(".ResultItem a[href*='/trace/']").all()}
+    assert found == {f"{ids['nan']:032x}"}
+    assert "\n1 Trace\n" in page.locator(".SearchResults--header").inner_text()
+    assert page.locator(".ResultItem").count() == 1
+    page.screenshot(path=os.path.join(DOCS, "jaeger-search-has-nan.png"))
