@@ -145,5 +145,5 @@ def _export_hint(name: str) -> str:
         return (f"\nIn-process export loses the call in flight; to send the whole file to {endpoint}:\n"
                 f"    sglang-otel-kernels replay {name}")
     return ("\nTo see these calls inside their request traces in Jaeger (or any OTLP back end), "
-            "for example the local Collector of docs/export.md:\n"
+            "for example the local Collector of docs/backends.md:\n"
             f"    sglang-otel-kernels replay {name} --endpoint http://127.0.0.1:4317")

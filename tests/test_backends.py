@@ -200,9 +200,9 @@ def test_tag_search_finds_exactly_the_bad_traces(world):
                 if span["operationName"] == "sglang.custom_op.embedding"]
     assert _tags(failed)["otel.status_code"] == "ERROR" and _tags(failed)["error"] is True
     # Jaeger 1.76's in-memory store takes `error=true` from the search API as
-    # text and compares it as a boolean, so it matches nothing (docs/export.md says
+    # text and compares it as a boolean, so it matches nothing (docs/backends.md says
     # so; Badger or Elasticsearch storage match it). This pins that: when a
-    # Jaeger release fixes it, this fails and docs/export.md changes.
+    # Jaeger release fixes it, this fails and docs/backends.md changes.
     assert jaeger.search("example-all", {"error": "true"}) == set()
     # Calls in flight at a crash, whichever way they were exported.
     assert jaeger.search("crash-sidecar", {"sglang.kernel.in_flight": "true"}) == {world["crash_sidecar"]}

@@ -69,8 +69,8 @@ def test_run_without_a_level_says_it_records_nothing(tmp_path):
 def test_ci_runs_exactly_the_readmes_test_command_and_the_main_job_needs_no_test_tooling():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     readme = open(os.path.join(root, "README.md")).read()
-    main_job = readme.split("no collector\nneeded):\n\n")[1].splitlines()[0].strip()
-    tests = readme.split("Tests (the command CI runs):\n\n")[1].splitlines()[0].strip()
+    main_job = readme.split("no collector\nneeded):\n\n```sh\n")[1].splitlines()[0].strip()
+    tests = readme.split("Tests (the command CI runs;")[1].split("```sh\n")[1].splitlines()[0].strip()
     assert main_job == "bash .ci/install && .venv/bin/python -m sglang_otel_kernels demo"
     assert open(os.path.join(root, ".ci", "run")).read().rstrip().splitlines()[-1] == tests
     install = open(os.path.join(root, ".ci", "install")).read()
