@@ -94,7 +94,8 @@ def private_fields_present() -> bool:
     global _private
     if _private is None:
         try:
-            tracer = TracerProvider(sampler=ALWAYS_ON, resource=Resource.get_empty()).get_tracer("probe", "1")
+            provider = TracerProvider(sampler=ALWAYS_ON, resource=Resource.get_empty(), shutdown_on_exit=False)
+            tracer = provider.get_tracer("probe", "1")
             with tracer.start_as_current_span("parent") as parent:
                 span = tracer.start_span("probe", attributes={"a": 1}, links=[Link(parent.get_span_context())])
                 span.add_event("e")
