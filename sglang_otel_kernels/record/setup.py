@@ -79,7 +79,7 @@ _updated_resources: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def resource_of(provider) -> Resource:
     """The resource of `provider` with what this package learnt since it was
     made (ranks, a forked child's pid), where its SDK could not take it."""
-    resource = _updated_resources.get(provider)
+    resource = _updated_resources.get(provider) if _updated_resources else None  # mostly empty: no weakref made
     return resource if resource is not None else getattr(provider, "resource", None) or Resource.get_empty()
 
 

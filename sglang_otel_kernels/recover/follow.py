@@ -205,7 +205,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 pending.extend(readable(span, resource, now) for span in _still_running(assembler, hung, now, hang_ns))
             if not running:
                 last_alive = max(assembler.last_time, read_heartbeat(follower.data), seen_alive)
-                last_alive = max(last_alive, death_time(path, last_alive))
+                last_alive = death_time(path, last_alive) or last_alive
                 in_flight = [readable(span, resource, last_alive) for span in assembler.in_flight()]
                 pending.extend(in_flight)
             while pending:
