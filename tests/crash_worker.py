@@ -5,8 +5,9 @@
 Imports torch once, then for each trial forks a child that records kernel calls
 into DIR/trace_<pid>.sgltrace (level 3, a request span around every 4 calls)
 and dies in the way MODE names: inside the kernel of a random call (`in-*`
-modes), or from outside at a random moment (`ext-*` modes). Prints one JSON
-line per trial: the child's pid, how it ended, and the call it died in.
+modes), or from outside at a random moment once its first call is recorded
+(`ext-*` modes). Prints one JSON line per trial: the child's pid, how it ended,
+and the call it died in.
 """
 
 import ctypes
@@ -40,7 +41,7 @@ EXTERNAL = {
 }
 
 
-def child(mode: str, directory: str, die_at: int, rng: random.Random) -> None:
+def child(mode: str, directory: str, die_at: int, rng: random.Random, ready: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core files from the signals
     sok.configure(
         level=3, log_dest="off", trace_file=os.path.join(directory, "trace_%i.sgltrace"), trace_file_size=1 << 20
@@ -63,6 +64,8 @@ def child(mode: str, directory: str, die_at: int, rng: random.Random) -> None:
             for _ in range(4):
                 call += 1
                 kernel(torch.full((2, 3), float(call)), call=call)
+                if call == 1:
+                    os.write(ready, b"r")
 
 
 def main() -> int:
@@ -74,18 +77,26 @@ def main() -> int:
     for _ in range(trials):
         die_at = rng.randint(1, 40)
         delay = rng.uniform(0.1, 0.5)
+        # The clock of an outside kill starts at the child's first recorded
+        # call, not at the fork: on a loaded machine, setting up can take
+        # longer than the shortest delay.
+        ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            os.close(ready_r)
             code = 0
             try:
-                child(mode, directory, die_at, rng)
+                child(mode, directory, die_at, rng, ready_w)
             except BaseException:
                 code = 1
             os._exit(code)
+        os.close(ready_w)
         if mode in EXTERNAL:
+            os.read(ready_r, 1)  # b"" if the child ended first: the test then says how
             time.sleep(delay)
             os.kill(pid, EXTERNAL[mode])
         _, status = os.waitpid(pid, 0)
+        os.close(ready_r)  # only now: the child's write must not meet a closed pipe
         ended = {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"exit": os.WEXITSTATUS(status)}
         print(json.dumps({"pid": pid, "die_at": die_at if mode.startswith("in-") else None, **ended}), flush=True)
     return 0

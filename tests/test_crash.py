@@ -95,7 +95,7 @@ def test_killed_from_outside_at_a_random_moment(tmp_path, mode):
         assert {k: trial.get(k) for k in expected} == expected, trial
         contents = sok.read_trace_file(tmp_path / f"trace_{trial['pid']}.sgltrace")
         kernels = kernel_calls(contents)
-        assert kernels, "no call recorded in 0.1 s or more"
+        assert kernels, "the child said its first call was recorded"
         in_flight = [k for k in kernels if k.in_flight]
         # At most the last call can have been running, and then with its inputs.
         assert in_flight in ([], [kernels[-1]])
