@@ -8,6 +8,7 @@ ends the span, so the call that was running when the process died is on disk.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from operator import attrgetter
 
@@ -22,11 +23,33 @@ from . import tracefile
 from .tracefile import IDENT, NOTED
 
 _current: "tracefile.TraceFileWriter | None" = None
-# Set (a threading.local) where kernel spans reach an SDK provider's other
-# processors only by being made again through its tracer (record/spans.py,
-# an SDK without the private processor list): `active` while one is made.
-# The decorator wrote the call into the file already, so none is recorded.
-remaking = None
+
+
+class _Unrecorded(threading.local):
+    """Spans a thread starts and ends inside `with` are not recorded: kernel
+    calls made again as spans of a provider's tracer, to reach its other
+    processors (record/spans.py), which the decorator wrote into the file already."""
+
+    active = False
+
+    def __enter__(self) -> None:
+        self.active = True
+
+    def __exit__(self, *_) -> None:
+        self.active = False
+
+
+# Made by `unrecorded` where spans are made again, so that elsewhere (the
+# usual case) the check costs one global load per span.
+_unrecorded: "_Unrecorded | None" = None
+
+
+def unrecorded() -> _Unrecorded:
+    """The context in which a thread's spans are not recorded."""
+    global _unrecorded
+    if _unrecorded is None:
+        _unrecorded = _Unrecorded()
+    return _unrecorded
 
 
 class KernelSpan(ReadableSpan):
@@ -88,6 +111,9 @@ def _same(private, public) -> bool:
     return private == public
 
 
+_private: "bool | None" = None
+
+
 def private_fields_present() -> bool:
     """Whether this SDK's spans keep, under the private names read here,
     what their public properties give: checked once, on a real span."""
@@ -108,7 +134,6 @@ def private_fields_present() -> bool:
     return _private
 
 
-_private: "bool | None" = None
 _LOW64 = (1 << 64) - 1
 # A span's attributes at its start, kept (a copy) to end it with a compact
 # record when nothing changed: copying and comparing costs less than encoding
@@ -148,7 +173,7 @@ class TraceFileProcessor(SpanProcessor):
     def on_start(self, span, parent_context=None, _pack=tracefile.SPAN_START.pack, _encode=tracefile.encode,
                  _encoding=tracefile.ENCODING_SPAN_START, _per_thread=tracefile.per_thread) -> None:
         writer = _current
-        if writer is None or writer.failed or remaking is not None and getattr(remaking, "active", False):
+        if writer is None or writer.failed or _unrecorded is not None and _unrecorded.active:
             return
         try:
             context, parent, attributes, links, name, scope, start, kind = self._start(span)
@@ -192,7 +217,7 @@ class TraceFileProcessor(SpanProcessor):
     def on_end(self, span, _compact=tracefile.COMPACT_END.pack, _encoding=tracefile.ENCODING_COMPACT_END) -> None:
         writer = _current
         if writer is None or writer.failed or type(span) is KernelSpan or \
-                remaking is not None and getattr(remaking, "active", False):
+                _unrecorded is not None and _unrecorded.active:
             return  # a kernel span: the decorator wrote it into the file already
         try:
             context, code, description, events, attributes, end = self._end(span)

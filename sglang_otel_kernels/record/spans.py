@@ -18,7 +18,6 @@ records.
 from __future__ import annotations
 
 import random
-import threading
 import traceback
 from time import time_ns
 
@@ -146,21 +145,17 @@ class _ThroughTracer:
     def __init__(self, tracer) -> None:
         self._tracer = tracer
         self._span_processors = (self,)
-        if _processor.remaking is None:
-            _processor.remaking = threading.local()
+        self._unrecorded = _processor.unrecorded()
 
     def on_end(self, span) -> None:
         parent = trace.set_span_in_context(trace.NonRecordingSpan(span.parent)) if span.parent else None
-        _processor.remaking.active = True
-        try:
+        with self._unrecorded:
             made = self._tracer.start_span(span.name, context=parent, kind=span.kind, attributes=span.attributes,
                                            start_time=span.start_time)
             for event in span.events:
                 made.add_event(event.name, event.attributes, event.timestamp)
             made.set_status(span.status)
             made.end(end_time=span.end_time)
-        finally:
-            _processor.remaking.active = False
 
 
 class KernelSpans:
