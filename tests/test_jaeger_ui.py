@@ -3,7 +3,8 @@
 headless Chromium driven by Playwright. The example service exports straight
 to Jaeger (no Collector, so no sampling): a NaN request, then a crash inside
 a kernel (SIGABRT) whose call in flight the sidecar exports. The assertions
-are on what the pages show; the screenshots go to docs/."""
+are on what the pages show. The screenshots go to a scratch folder, or with
+SCREENSHOTS=docs to docs/, where the README and docs/backends.md show them."""
 
 import os
 import random
@@ -16,7 +17,6 @@ from backends import ROOT, Jaeger, ensure_built, wait
 from test_backends import NAN, _crash, _post, _service
 
 UI = os.path.join(os.path.dirname(ROOT), "shared", "jaeger-ui")
-DOCS = os.path.join(ROOT, "docs")
 CHROMIUM = "/usr/bin/chromium"
 
 pytestmark = pytest.mark.skipif(
@@ -61,6 +61,12 @@ def browser():
         chromium.close()
 
 
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> str:
+    """Where the screenshots go: a run of the tests leaves the tracked ones alone."""
+    return os.environ.get("SCREENSHOTS") or str(tmp_path_factory.mktemp("screenshots"))
+
+
 @pytest.fixture
 def page(browser):
     page = browser.new_page(viewport={"width": 1400, "height": 820})
@@ -92,7 +98,7 @@ def _micros(label: str) -> float:
     return float(number) * {"μs": 1, "ms": 1e3, "s": 1e6}[unit]
 
 
-def test_the_crash_trace_shows_the_request_its_batch_and_the_call_in_flight_as_an_error(world, page):
+def test_the_crash_trace_shows_the_request_its_batch_and_the_call_in_flight_as_an_error(world, page, shots):
     jaeger, ids = world
     _open_trace(page, jaeger, ids["crash"])
     assert page.locator(".TracePageHeader--title").inner_text().startswith("example-crash: POST /generate")
@@ -112,10 +118,10 @@ def test_the_crash_trace_shows_the_request_its_batch_and_the_call_in_flight_as_a
     # Jaeger warns of nothing it had to mend (a span ending before it starts, say).
     assert page.locator(".AccordianWarnings").count() == 0 or \
         "Negative duration" not in page.locator(".AccordianWarnings").inner_text()
-    page.screenshot(path=os.path.join(DOCS, "jaeger-crash-trace.png"))
+    page.screenshot(path=os.path.join(shots, "jaeger-crash-trace.png"))
 
 
-def test_a_kernel_span_shows_its_tensor_tags_and_nan_flags(world, page):
+def test_a_kernel_span_shows_its_tensor_tags_and_nan_flags(world, page, shots):
     jaeger, ids = world
     _open_trace(page, jaeger, ids["nan"])
     _row(page, "sglang.custom_op.rmsnorm").locator(".span-name").click()
@@ -126,10 +132,10 @@ def test_a_kernel_span_shows_its_tensor_tags_and_nan_flags(world, page):
     assert tags["sglang.kernel.input.arg0.shape"] == "[1,2,8]" and tags["sglang.kernel.input.arg0.stride"] == "[16,8,1]"
     assert tags["sglang.kernel.input.arg0.contiguous"] == "true" and tags["sglang.kernel.input.arg0.device"] == "cpu"
     page.set_viewport_size({"width": 1400, "height": 1600})  # the output's tags too
-    page.screenshot(path=os.path.join(DOCS, "jaeger-nan-tags.png"))
+    page.screenshot(path=os.path.join(shots, "jaeger-nan-tags.png"))
 
 
-def test_the_tag_search_has_nan_finds_the_nan_trace_alone(world, page):
+def test_the_tag_search_has_nan_finds_the_nan_trace_alone(world, page, shots):
     jaeger, ids = world
     page.goto(f"{jaeger.query}/search")
     page.locator(".ant-form-item", has_text="Service").locator(".ant-select").first.click()
@@ -141,4 +147,4 @@ def test_the_tag_search_has_nan_finds_the_nan_trace_alone(world, page):
     assert found == {f"{ids['nan']:032x}"}
     assert "\n1 Trace\n" in page.locator(".SearchResults--header").inner_text()
     assert page.locator(".ResultItem").count() == 1
-    page.screenshot(path=os.path.join(DOCS, "jaeger-search-has-nan.png"))
+    page.screenshot(path=os.path.join(shots, "jaeger-search-has-nan.png"))
