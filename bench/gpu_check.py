@@ -24,6 +24,9 @@ JSON summary with what the documentation claims beside what was measured:
              file, 1000 replays timed bare and recorded (goal: the replay span at most 2 us), the
              level-5 output check flagging a replay that made NaN; a child killed while a graph
              holding torch.cuda._sleep runs: the report lists the graph's kernels
+  provenance NaN in some rows of a batched bf16 output at level 5: the requests named
+             (a row per request, and declared extend rows), the copies made, the synchronisations
+             of a clean batched call against one with NaN
 """
 
 from __future__ import annotations
@@ -487,8 +490,45 @@ def graphs(directory: str) -> dict:
     return result
 
 
+# -- provenance ------------------------------------------------------------------
+
+
+def provenance(directory: str) -> dict:
+    """NaN rows of a batched CUDA output mapped to their requests, and what a clean batch costs."""
+    need_cuda()
+    import sglang_otel_kernels as sok
+
+    exporter = recorded(level=5)
+
+    def nan_rows(x, rows):
+        y = x * 2
+        y[rows] = float("nan")
+        return y
+
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    kernel = sok.debug_kernel_api(op_name="provenance")(nan_rows)
+    # Eight requests from a client's traceparents.
+    members = [(SpanContext(0xA0 + index, 0xB0 + index, True, TraceFlags(1)), f"r{index}") for index in range(8)]
+    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    flat = torch.randn(24, 4096, device="cuda", dtype=torch.bfloat16)
+    with sok.forward_batch(members, name="decode"):
+        kernel(x, [])
+        torch.cuda.synchronize()
+        clean = _count_syncs(lambda: kernel(x, []))
+        flagged = _count_syncs(lambda: kernel(x, [5]))
+    with sok.forward_batch(members, name="extend", rows=[3] * 8):
+        kernel(flat, [4, 23])  # rows 3-5: r1; 21-23: r7
+    calls = [s for s in exporter.get_finished_spans() if s.name == "provenance" and "sglang.kernel.copy_of" not in s.attributes]
+    named = [s.attributes.get("sglang.kernel.nonfinite_requests") for s in calls[-2:]]
+    copies = sum("sglang.kernel.copy_of" in s.attributes for s in exporter.get_finished_spans())
+    return {"claim": "a clean batched call: level 5's two synchronisations (one per side) and no more; with NaN: "
+                     "4 (the counts, then the rows); rows mapped to r5 (decode) and r1, r7 (extend rows); 3 copies",
+            "syncs clean": clean, "syncs with NaN": flagged, "named": [list(n or ()) for n in named], "copies": copies}
+
+
 SECTIONS = {"syncs": syncs, "stats": stats, "capture": capture, "assert": device_assert, "in_flight": in_flight,
-            "level10": level10, "decode": decode, "graphs": graphs}
+            "level10": level10, "decode": decode, "graphs": graphs, "provenance": provenance}
 
 
 def fetch_wheels(folder: str) -> int:

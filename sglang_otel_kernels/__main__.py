@@ -144,12 +144,20 @@ def _replay(options) -> int:
     except ValueError as exc:
         raise _Failure(str(exc)) from None
     try:
-        sent, in_flight = replay(contents, exporter, terminal_progress())
+        done = replay(contents, exporter, terminal_progress(), everything=options.all, endpoint=target)
     except ConnectionError as exc:
         raise _Failure(f"cannot replay to {target}: {exc}") from None
     finally:
         exporter.shutdown()
-    print(f"replayed {sent} spans ({in_flight} in flight) from {len(contents)} file(s) to {target}")
+    for note in done.notes:
+        print(f"sglang-otel-kernels: {note}", file=sys.stderr)
+    print(f"replayed {done.sent} spans ({done.in_flight} in flight, {done.copies} copies into request traces) "
+          f"from {len(contents)} file(s) to {target}")
+    if done.delivered_before:
+        print(f"including {done.delivered_before} spans the export sidecar had delivered already (--all)"
+              if options.all else
+              f"left out {done.delivered_before} spans the export sidecar had delivered already "
+              "(--all sends them again)")
     return 0
 
 
@@ -226,7 +234,8 @@ def _follow(options) -> int:
         watch = parent_watch(options.pid) if options.pid is not None else None
         sent, in_flight, dropped = follow(options.file, exporter, alive=watch,
                                           interval=options.interval, wait_s=options.wait,
-                                          kernels_only=options.kernels_only, hang_seconds=options.hang_seconds)
+                                          kernels_only=options.kernels_only, hang_seconds=options.hang_seconds,
+                                          delivered_to=target)
     except TraceFileError as exc:
         raise _Failure(str(exc)) from None
     except KeyboardInterrupt:
@@ -311,7 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay = _command(
         commands, "replay", "send the spans of trace files to an OTLP back end, with their original ids",
         "Sends the spans of trace files (calls in flight at a crash included) to an OTLP back end,\n"
-        "with their original trace and span ids, so they land inside their request traces.",
+        "with their original trace and span ids, so they land inside their request traces; a batched\n"
+        "call that failed, hung, died in flight or made NaN/Inf also goes, as a copy, into the trace\n"
+        "of each request it hit. Spans the export sidecar already delivered to the same endpoint\n"
+        "(listed beside the file, FILE.delivered) are left out, and both counts are printed.",
         "0 the spans were sent; " + _EXIT_USAGE[:-1] + ", or a back end that cannot be reached.")
     replay.add_argument("paths", nargs="+", metavar="PATH",
                         help="trace files, OTLP JSON files, or directories of them")
@@ -319,11 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--protocol", choices=("grpc", "http/protobuf"),
                         help="default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc")
     replay.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the back end (default 10)")
+    replay.add_argument("--all", action="store_true",
+                        help="also send the spans the export sidecar already delivered (a back end that lost them)")
     replay.set_defaults(handler=_replay)
     export = _command(
         commands, "export", "write the spans of trace files as OTLP JSON lines or a Chrome/Perfetto timeline",
         "Writes the spans of trace files (or OTLP JSON archives) as OTLP JSON lines, or as one\n"
-        "Chrome/Perfetto trace-event timeline of them all.",
+        "Chrome/Perfetto trace-event timeline of them all. OTLP JSON holds the copies of the batched\n"
+        "calls that matter in the traces of their requests, as replay sends them; a timeline draws each\n"
+        "call once.",
         "0 written; " + _EXIT_USAGE)
     export.add_argument("paths", nargs="+", metavar="PATH",
                         help="trace files (SGLANG_KERNEL_API_TRACEFILE), OTLP JSON files (a Collector file "

@@ -18,6 +18,10 @@ IN_FLIGHT = PREFIX + "in_flight"  # set by the reader on a span with no end reco
 HUNG = PREFIX + "hung"  # the sidecar's early export of a call in flight longer than SGLANG_KERNEL_API_HANG_SECONDS
 IN_FLIGHT_SECONDS = PREFIX + "in_flight_seconds"  # how long that call had been running then
 BLACKBOX = PREFIX + "blackbox"  # set by the reader on a call the black box recorded
+# A batched call that matters (failed, in flight at a death, hung, NaN/Inf out),
+# copied into a request trace of its batch: `<trace id>:<span id>` of the original.
+COPY_OF = PREFIX + "copy_of"
+NONFINITE_REQUESTS = PREFIX + "nonfinite_requests"  # level 5: the requests whose output rows hold NaN/Inf
 
 # A collective or point-to-point op (capture/collectives.py), at every level.
 COLLECTIVE = "sglang.collective."
@@ -54,4 +58,5 @@ FORWARD_MODE = "sglang.forward_mode"  # the SGLang integration: DECODE, EXTEND, 
 BATCH_SIZE = "sglang.batch.size"
 BATCH_REQUEST_IDS = "sglang.batch.request_ids"
 BATCH_UNTRACED = "sglang.batch.untraced_requests"
+BATCH_KERNEL_CALLS = "sglang.batch.kernel_calls"  # on a batch and its `<batch>.request` spans, at their end
 REQUEST_ID = "sglang.request.id"

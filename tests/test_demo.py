@@ -99,9 +99,16 @@ def test_demo_crash_with_an_endpoint_exports_the_call_in_flight(tmp_path):
         spans = receiver.wait_for(lambda got: any(s["attributes"].get("sglang.kernel.in_flight") and
                                                   s["name"] == "sglang.custom_op.embedding" for s in got))
         [dying] = [s for s in spans if s["name"] == "sglang.custom_op.embedding"
-                   and s["attributes"].get("sglang.kernel.in_flight")]
+                   and s["attributes"].get("sglang.kernel.in_flight") and "sglang.kernel.copy_of" not in s["attributes"]]
         assert dying["status"] == 2 and dying["attributes"]["sglang.kernel.input.arg0.dtype"] == "torch.int64"
         assert any(s["name"] == "decode_batch" for s in spans)
+        # And a copy of it in each of the five request traces its batch held (tests/test_backends.py opens them in Jaeger).
+        traceparents = {int(line.split("traceparent 00-")[1][:32], 16) for line in proc.stdout.splitlines()
+                        if "traceparent 00-" in line}
+        spans = receiver.wait_for(lambda got: sum("sglang.kernel.copy_of" in s["attributes"] for s in got) == 5)
+        copies = [s for s in spans if "sglang.kernel.copy_of" in s["attributes"]]
+        assert {s["trace_id"] for s in copies} == traceparents and len(traceparents) == 5
+        assert all(s["attributes"]["sglang.kernel.in_flight"] is True and s["status"] == 2 for s in copies)
         # The hint says what happened with this endpoint, not a replay to another one.
         assert f"The export sidecar sent these spans to {receiver.endpoint}" in proc.stdout
         assert "replay" not in proc.stdout.split("CRASHED")[1]

@@ -2,7 +2,8 @@
 ../shared/jaeger-ui served by the Jaeger .ci/backends builds, in Debian's
 headless Chromium driven by Playwright. The example service exports straight
 to Jaeger (no Collector, so no sampling): a NaN request, then a crash inside
-a kernel (SIGABRT) whose call in flight the sidecar exports. The assertions
+a kernel (SIGABRT) whose call in flight the sidecar exports, alone and in a
+batch of five requests, each of whose traces shows it. The assertions
 are on what the pages show. The screenshots go to a scratch folder, or with
 SCREENSHOTS=docs to docs/, where the README and docs/backends.md show them."""
 
@@ -14,7 +15,7 @@ import signal
 import pytest
 
 from backends import ROOT, Jaeger, ensure_built, wait
-from test_backends import NAN, _crash, _post, _service
+from test_backends import BAD, FAILING, NAN, _crash, _post, _service, _together
 
 UI = os.path.join(os.path.dirname(ROOT), "shared", "jaeger-ui")
 CHROMIUM = "/usr/bin/chromium"
@@ -42,9 +43,17 @@ def world(tmp_path_factory):
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
         _crash(tmp_path, "example-crash", endpoint, ids["crash"])
-        wait("the crash trace in Jaeger, in flight call included",
-             lambda: any(span["operationName"] == "sglang.custom_op.embedding"
-                         for span in jaeger.trace(ids["crash"])["spans"]), timeout=60)
+        # Five requests batched together, one of which kills the server inside the embedding kernel.
+        ids["batched"] = [rng.getrandbits(128) for _ in range(5)]
+        server, port = _service(tmp_path, "example-batched-crash", endpoint, "--crash", "--batch-window-ms", "1000")
+        answers = _together(port, [(BAD if i == FAILING else [1 + i, 2], t) for i, t in enumerate(ids["batched"])])
+        assert [status for status, _ in answers] == [None] * 5  # the server died answering
+        server.wait(timeout=60)
+        assert server.returncode == -signal.SIGABRT, server.stderr.read()
+        for trace_id in (ids["crash"], *ids["batched"]):
+            wait("the crash trace in Jaeger, in flight call included",
+                 lambda: any(span["operationName"] == "sglang.custom_op.embedding"
+                             for span in jaeger.trace(trace_id)["spans"]), timeout=60)
         wait("the NaN trace in Jaeger", lambda: len(jaeger.trace(ids["nan"])["spans"]) >= 5, timeout=60)
         yield jaeger, ids
     finally:
@@ -98,7 +107,28 @@ def _micros(label: str) -> float:
     return float(number) * {"μs": 1, "ms": 1e3, "s": 1e6}[unit]
 
 
-def test_the_crash_trace_shows_the_request_its_batch_and_the_call_in_flight_as_an_error(world, page, shots):
+def test_a_request_of_a_batch_killed_by_another_request_shows_the_call_in_flight_as_an_error(world, page, shots):
+    """The README's screenshot: a healthy request, batched with the one whose
+    token killed the server, opened by the trace id its client sent."""
+    jaeger, ids = world
+    _open_trace(page, jaeger, ids["batched"][0])
+    assert page.locator(".TracePageHeader--title").inner_text().startswith("example-batched-crash: POST /generate")
+    names = [name.strip() for name in page.locator(".span-row .endpoint-name").all_inner_texts()]
+    # Nested in this order: the request, its part in the batch, the batch's kernel that was running at the death.
+    assert names == ["POST /generate", "decode_batch.request", "sglang.custom_op.embedding"]
+    kernel = _row(page, "sglang.custom_op.embedding")
+    assert kernel.locator(".SpanBarRow--errorIcon").count() == 1
+    assert _micros(kernel.locator(".SpanBar--label").inner_text()) >= 40_000  # until the process died
+    kernel.locator(".span-name").click()
+    tags = _tags(page)
+    assert tags["sglang.kernel.in_flight"] == "true" and tags["error"] == "true"
+    assert tags["sglang.kernel.input.arg0.shape"] == "[5,2]" and tags["sglang.kernel.input.arg0.dtype"] == "torch.int64"
+    assert tags["sglang.kernel.input.arg0.max"] == "99"  # the other request's token, outside the vocabulary
+    assert re.fullmatch(r"[0-9a-f]{32}:[0-9a-f]{16}", tags["sglang.kernel.copy_of"])  # the call in the batch's trace
+    page.screenshot(path=os.path.join(shots, "jaeger-crash-trace.png"))
+
+
+def test_the_crash_trace_of_a_batch_of_one_shows_the_request_its_batch_and_the_call_in_flight(world, page):
     jaeger, ids = world
     _open_trace(page, jaeger, ids["crash"])
     assert page.locator(".TracePageHeader--title").inner_text().startswith("example-crash: POST /generate")
@@ -118,7 +148,6 @@ def test_the_crash_trace_shows_the_request_its_batch_and_the_call_in_flight_as_a
     # Jaeger warns of nothing it had to mend (a span ending before it starts, say).
     assert page.locator(".AccordianWarnings").count() == 0 or \
         "Negative duration" not in page.locator(".AccordianWarnings").inner_text()
-    page.screenshot(path=os.path.join(shots, "jaeger-crash-trace.png"))
 
 
 def test_a_kernel_span_shows_its_tensor_tags_and_nan_flags(world, page, shots):

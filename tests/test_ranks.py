@@ -115,13 +115,20 @@ def test_a_stuck_rank_is_named_while_the_job_hangs_and_after_a_watchdog_kills_it
         def hung_in_jaeger():
             found = [span for trace_id in jaeger.search("ranks-stuck", {"sglang.kernel.hung": "true"})
                      for span in jaeger.trace(trace_id)["spans"]]
-            names = sorted(span["operationName"] for span in found if _tags(span).get("sglang.kernel.hung"))
-            return found if names.count("torch.distributed.all_reduce") == 3 and "layer.stuck" in names else None
+            hung = [span for span in found if _tags(span).get("sglang.kernel.hung")]
+            names = sorted(span["operationName"] for span in hung if "sglang.kernel.copy_of" not in _tags(span))
+            # And a copy of each in the traces of the batch's two requests.
+            copies = sorted(span["operationName"] for span in hung if "sglang.kernel.copy_of" in _tags(span))
+            return found if names == ["layer.stuck"] + ["torch.distributed.all_reduce"] * 3 and \
+                copies == sorted(names * 2) else None
 
         early = wait("the hung calls in Jaeger", hung_in_jaeger, timeout=60)
         assert job.alive()
-        [snapshot] = [s for s in early if s["operationName"] == "layer.stuck" and _tags(s).get("sglang.kernel.hung")]
+        [snapshot] = [s for s in early if s["operationName"] == "layer.stuck" and _tags(s).get("sglang.kernel.hung")
+                      and "sglang.kernel.copy_of" not in _tags(s)]
         assert _tags(snapshot)["sglang.kernel.in_flight"] is True and _tags(snapshot)["sglang.kernel.in_flight_seconds"] >= 2
+        request_traces = {int(carrier.split("-")[1], 16) for carrier in ("00-" + "a1" * 16, "00-" + "a2" * 16)}
+        assert {int(s["traceID"], 16) for s in early if "sglang.kernel.copy_of" in _tags(s)} == request_traces
 
         status, text, document = report(tmp_path, hang_seconds=2)
         verdict = document["cross_rank"]

@@ -21,11 +21,12 @@ from opentelemetry import trace
 
 from .. import config as _config
 from .._version import __version__
-from ..describe.statistics import fill_statistics, is_device_error
+from ..describe.statistics import fill_statistics, is_device_error, nonfinite_rows
 from ..notices import warn_failed_once
 from ..describe.values import describe, tensors_in
 from .. import schema
 from ..record import attributes as _attrs
+from ..record import batches
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.processor import set_writer
 from ..record.setup import make_writer
@@ -320,6 +321,11 @@ class KernelSite:
                 attrs[key] = present[key]
             if not inputs_nonfinite:
                 events = (("nonfinite_output", time_ns(), {schema.NONFINITE: tuple(outputs_nonfinite)}),)
+            batch = batches.current()
+            if batch is not None:
+                requests = _nonfinite_requests(batch, node)
+                if requests is not None:
+                    attrs[schema.NONFINITE_REQUESTS] = requests
         return attrs, events
 
     def fail(self, call: _Call | None, exc: BaseException) -> None:
@@ -347,6 +353,23 @@ class KernelSite:
                 runtime.spans.fail(span, exc, note, added)
             except Exception as inner:
                 _warn_once(f"recording the exception of {self.name}", inner)
+
+
+def _nonfinite_requests(batch: "batches.Batch", node) -> "tuple[str, ...] | None":
+    """The requests of `batch` owning the output rows that hold NaN/Inf, in
+    batch order and bounded; None when no flagged tensor's leading dimension
+    maps to the batch's requests."""
+    owners: "set[str] | None" = None
+    for info in tensors_in([node]):
+        if info.stats is None or not (info.stats[3] or info.stats[4]) or not info.shape:
+            continue
+        rows = nonfinite_rows(info)
+        named = None if rows is None else batch.owners(info.shape[0], rows)
+        if named is not None:
+            owners = (owners or set()).union(named)
+    if owners is None:
+        return None
+    return tuple(name for name in batch.names if name in owners)[: batches.MAX_NONFINITE_REQUESTS]
 
 
 # A hook that sees a call before it runs (capture/collectives.py, graphs.py):

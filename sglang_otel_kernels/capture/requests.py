@@ -4,7 +4,9 @@ A serving engine runs one forward pass for a batch of requests, each with its
 own trace. `forward_batch` opens a batch span that links to every request (and
 is the request's child when there is only one); with several requests, each
 request's trace also gets a short span linking back to the batch, so from any
-request in Jaeger one reaches the kernels that served it. `inject`/`extract`
+request in Jaeger one reaches the kernels that served it, and under which the
+calls that matter to it (failed, in flight at a death, hung, NaN/Inf out) are
+copied (record/batches.py). `inject`/`extract`
 carry a request's context across processes as a small picklable dict, as
 SGLang carries it from its tokenizer process to its scheduler.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from opentelemetry import context as context_api
 from opentelemetry import trace
@@ -23,9 +25,11 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ..record import identity
+from ..notices import warn_once
+from ..record import batches, identity
 from ..record.spans import describe_exception, record_failure
-from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, BATCH_UNTRACED, REQUEST_ID
+from ..record.tracefile import CALLS, per_thread
+from ..schema import BATCH_KERNEL_CALLS, BATCH_REQUEST_IDS, BATCH_SIZE, BATCH_UNTRACED, REQUEST_ID
 from .decorator import kernel_tracer
 
 
@@ -133,12 +137,30 @@ def _keyed_ids(tracer) -> "_KeyedTraceIds | None":
     return tracer.id_generator
 
 
+def _row_counts(rows: Any, members: int) -> "tuple[int, ...] | None":
+    """`forward_batch`'s `rows`: one non-negative int per request, else None
+    with one warning (the batch runs on; rows are then mapped one per request)."""
+    if rows is None:
+        return None
+    try:
+        counts = tuple(rows)
+        if len(counts) == members and all(type(count) is int and count >= 0 for count in counts):
+            return counts
+        problem = f"{len(counts)} values for {members} requests" if len(counts) != members else \
+            "not all non-negative ints"
+    except TypeError:
+        problem = f"a {type(rows).__name__}, not a sequence"
+    warn_once(f"rows: {problem}", f"forward_batch(rows=...) ignored: {problem}; each request is taken as one row")
+    return None
+
+
 @contextlib.contextmanager
 def forward_batch(
     requests: Iterable[Any],
     name: str = "forward_batch",
     attributes: Mapping[str, Any] | None = None,
     batch_key: Any = None,
+    rows: Sequence[int] | None = None,
 ) -> Iterator[trace.Span]:
     """A batch span around one forward pass; kernel spans opened inside are its
     children. Yields the batch span. An exception ends it (and the request
@@ -146,7 +168,12 @@ def forward_batch(
     stable repr, the same on every rank for the same batch, such as a step
     number and the request ids) gives a batch of several requests a trace id
     derived from it, so the batch spans and kernels of all tensor-parallel
-    ranks share one trace."""
+    ranks share one trace. `rows`: each request's row count in
+    token-flattened tensors (prefill / extend: its extend length), so that at
+    level 5 the rows of an output holding NaN/Inf are mapped to the requests
+    they belong to; without it, a tensor with one row per request (decode)
+    is mapped. The batch and its request spans end with
+    `sglang.batch.kernel_calls`, the kernel calls made on this thread inside."""
     tracer = kernel_tracer()
     members = _normalise(requests)
     request_ids = [request_id for _, request_id in members if request_id is not None]
@@ -182,7 +209,13 @@ def forward_batch(
                     links=batch_link,
                 )
             )
-    token = context_api.attach(trace.set_span_in_context(batch))
+    published = batches.Batch(
+        tuple((span.get_span_context(), request_id) for span, (_, request_id) in zip(request_spans, traced)),
+        [request_id if request_id is not None else f"#{position}" for position, (_, request_id) in enumerate(members)],
+        _row_counts(rows, len(members)))
+    state = per_thread.state
+    calls_before = state[CALLS]
+    token = context_api.attach(batches.publish(published, trace.set_span_in_context(batch)))
     try:
         yield batch
     except BaseException as exc:
@@ -192,6 +225,7 @@ def forward_batch(
         raise
     finally:
         context_api.detach(token)
-        for span in request_spans:
+        calls = state[CALLS] - calls_before
+        for span in (*request_spans, batch):
+            span.set_attribute(BATCH_KERNEL_CALLS, calls)
             span.end()
-        batch.end()

@@ -168,3 +168,21 @@ def has_nan(info: TensorInfo) -> bool:
 
 def has_inf(info: TensorInfo) -> bool:
     return info.stats is not None and info.stats[4] > 0
+
+
+def nonfinite_rows(info: TensorInfo) -> "list[int] | None":
+    """The indices along its leading dimension of the rows of a tensor that
+    hold NaN or Inf: asked only of one whose statistics already counted some,
+    so a clean tensor never pays for it (one more pass and, on a GPU, one
+    synchronisation, for a flagged one). None for a 0-d tensor, or one the
+    reduction fails on."""
+    tensor = info.tensor
+    try:
+        if tensor.dim() == 0:
+            return None
+        tensor = tensor.detach()
+        source = tensor if info.dtype == "torch.float32" else _float_view(tensor)
+        finite = torch.isfinite(source.reshape(source.shape[0], -1)).all(dim=1)
+        return torch.nonzero(~finite).flatten().tolist()
+    except Exception:
+        return None

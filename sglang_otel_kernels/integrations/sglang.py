@@ -6,7 +6,8 @@ before SGLang's layers import them from it, so every kernel SGLang decorates
 and text log. With SGLang's request tracing on (`--enable-trace`), SGLang
 installs its TracerProvider, which kernel spans then share, and each
 `Scheduler.run_batch` runs inside a `forward_batch` span linked to the root
-span of every request in the batch, so kernels attach to its request traces;
+span of every request in the batch, so kernels attach to its request traces
+(with each request's rows: NaN/Inf in an output is traced to its requests);
 the batch's trace id comes from its step and requests, so the tensor-parallel
 ranks' kernels of one batch share a trace. The collectives of its
 `GroupCoordinator` (all-reduce with its custom and pynccl paths, all-gather,
@@ -117,6 +118,24 @@ def _request_context(request: Any) -> tuple[Any, Any]:
     return getattr(trace_context, "root_span_context", None), getattr(request, "rid", None)
 
 
+def _rows(batch: Any, requests: int) -> "list[int] | None":
+    """Each request's rows in a ScheduleBatch's token-flattened tensors, for
+    NaN provenance: one in decode, its extend length in prefill, extend and
+    mixed batches; None where SGLang's batch says neither (speculative
+    verification, an idle batch, fields this version lacks)."""
+    try:
+        mode = batch.forward_mode
+        if mode.is_decode():
+            return [1] * requests
+        lengths = getattr(batch, "extend_lens", None)
+        if (mode.is_extend() and not getattr(mode, "is_target_verify", lambda: False)()
+                and lengths is not None and len(lengths) == requests):
+            return [int(length) for length in lengths]
+    except Exception:  # a batch without these fields: rows stay unknown, the batch runs
+        pass
+    return None
+
+
 # SGLang's rank names (its ParallelContext) and ours (record/identity.py).
 _RANKS = (("tp_rank", "tp_rank"), ("pp_rank", "pp_rank"), ("dp_rank", "dp_rank"), ("moe_ep_rank", "ep_rank"),
           ("attn_tp_rank", "attn_tp_rank"), ("attn_dp_rank", "attn_dp_rank"))
@@ -159,7 +178,7 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
         requests = [_request_context(request) for request in (getattr(batch, "reqs", None) or ())]
         # Every tensor-parallel rank runs the same step on the same requests: one trace for all.
         key = (getattr(self, "forward_ct", None), tuple(str(rid) for _, rid in requests))
-        with forward_batch(requests, name=BATCH_SPAN, batch_key=key):
+        with forward_batch(requests, name=BATCH_SPAN, batch_key=key, rows=_rows(batch, len(requests))):
             return original(self, batch, *args, **kwargs)
 
     handle.add(Patch(scheduler, "run_batch", run_batch))

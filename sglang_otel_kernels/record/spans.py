@@ -25,17 +25,18 @@ from opentelemetry import context as _context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from .._version import __version__
 from ..describe.values import safe_str
 from ..notices import warn_failed_once
-from ..schema import ATTRIBUTES_DROPPED, GRAPH_CALLS, GRAPH_ID, LEVEL, NAME, SEQ, TRACER_NAME
+from ..schema import ATTRIBUTES_DROPPED, COPY_OF, GRAPH_CALLS, GRAPH_ID, HAS_INF, HAS_NAN, LEVEL, NAME, SEQ, TRACER_NAME
 from ..text import utf8
+from . import batches
 from . import processor as _processor
 from . import tracefile
 from .attributes import fit
-from .tracefile import CALL, IDENT, NOTED
+from .tracefile import CALL, CALLS, IDENT, NOTED
 from .setup import resolve_provider, resource_of, sidecar_takes_kernel_spans, track
 
 _LOW64 = (1 << 64) - 1
@@ -151,7 +152,7 @@ class _ThroughTracer:
         parent = trace.set_span_in_context(trace.NonRecordingSpan(span.parent)) if span.parent else None
         with self._unrecorded:
             made = self._tracer.start_span(span.name, context=parent, kind=span.kind, attributes=span.attributes,
-                                           start_time=span.start_time)
+                                           links=span.links, start_time=span.start_time)
             for event in span.events:
                 made.add_event(event.name, event.attributes, event.timestamp)
             made.set_status(span.status)
@@ -216,6 +217,7 @@ class KernelSpans:
         if self.provider is None:
             self.setup()
         state = _per_thread.state
+        state[CALLS] += 1
         outer = state[CALL]
         if outer is not None:
             trace_id, parent_id = outer[TRACE_ID], outer[SPAN_ID]
@@ -289,19 +291,44 @@ class KernelSpans:
         if attributes is not None and flags & tracefile.FLAG_SAMPLED:
             self._hand_over(call, end, added, events, status, description)
 
+    def _fitted(self, attributes: dict) -> dict:
+        """`attributes` within the SDK's attribute limit, saying how many were left out."""
+        if self.limit is not None and len(attributes) > self.limit:
+            attributes, dropped = fit(attributes, self.limit - 1)
+            attributes[ATTRIBUTES_DROPPED] = dropped
+        return attributes
+
     def _hand_over(self, call: tuple, end: int, added, events, status: int, description: str) -> None:
         attributes = call[ATTRIBUTES]
         if added:
             attributes.update(added)
-        if self.limit is not None and len(attributes) > self.limit:
-            attributes, dropped = fit(attributes, self.limit - 1)
-            attributes[ATTRIBUTES_DROPPED] = dropped
-        self._targets.on_end(_processor.KernelSpan(
+        span = _processor.KernelSpan(
             call[NAME_], context=call_context(call), parent=parent_context(call), resource=resource_of(self.provider),
-            attributes=attributes, events=tuple(Event(name, attrs, time) for name, time, attrs in events),
+            attributes=self._fitted(attributes), events=tuple(Event(name, attrs, time) for name, time, attrs in events),
             kind=SpanKind.INTERNAL,
             status=Status(StatusCode.ERROR, description) if status == _STATUS_ERROR else Status(StatusCode.UNSET),
-            start_time=call[START], end_time=end, instrumentation_scope=self._scope))
+            start_time=call[START], end_time=end, instrumentation_scope=self._scope)
+        self._targets.on_end(span)
+        if status == _STATUS_ERROR or attributes.get(HAS_NAN) or attributes.get(HAS_INF):
+            self._hand_over_copies(span, attributes, status == _STATUS_ERROR)
+
+    def _hand_over_copies(self, span, attributes: dict, error: bool) -> None:
+        """A call that matters, in a batch of several requests: a copy into
+        each request trace it hit (record/batches.py), handed over the same way."""
+        batch = batches.current()
+        if batch is None or not batch.requests:
+            return
+        original = span.context
+        attributes = {COPY_OF: batches.copy_of(original.trace_id, original.span_id), **attributes}
+        for request, _ in batches.targets(attributes, error, batch.requests):
+            if not request.trace_flags.sampled:
+                continue
+            context = SpanContext(request.trace_id, batches.copy_span_id(original.span_id, request.span_id), False,
+                                  request.trace_flags)
+            self._targets.on_end(_processor.KernelSpan(
+                span.name, context=context, parent=request, links=(Link(original),), resource=span.resource,
+                attributes=self._fitted(dict(attributes)), events=span.events, kind=span.kind, status=span.status,
+                start_time=span.start_time, end_time=span.end_time, instrumentation_scope=self._scope))
 
     def fail(self, call: tuple, exc: BaseException, note: str = "", added: dict | None = None) -> None:
         """Ends a call with status ERROR for `exc` (`note` follows its message)."""

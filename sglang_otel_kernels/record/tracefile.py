@@ -68,11 +68,11 @@ One file, one live writer: the writer holds an exclusive `flock` on its file
 for as long as it writes (the kernel drops it when the process dies, however
 it dies). A process that finds its path locked writes `<stem>.<pid><ext>`
 instead; one that finds an unlocked trace file there (an earlier run, e.g.
-a restarted container's pid 1) renames it aside first, its `.traceback` with
-it, so no run's evidence is overwritten. Files are created under a temporary
-name, allocated in full and locked before they are linked into place, never
-through a symbolic link, and a path holding anything but a trace file is
-refused.
+a restarted container's pid 1) renames it aside first, its `.traceback` and
+`.delivered` with it, so no run's evidence is overwritten. Files are created
+under a temporary name, allocated in full and locked before they are linked
+into place, never through a symbolic link, and a path holding anything but a
+trace file is refused.
 """
 
 from __future__ import annotations
@@ -197,14 +197,15 @@ class _PerThread(threading.local):
     """What recording keeps per thread, in one list so that a record reads a
     thread-local once (each read costs 40 ns here): [the writer that has this
     thread's name, the thread's ident, the kernel call running on it (see
-    record/spans.py)]. Per thread object, not per ident: Python reuses the
-    ident of a thread that ended for a new one."""
+    record/spans.py), how many kernel calls it has started (a batch's count
+    is the difference over the batch)]. Per thread object, not per ident:
+    Python reuses the ident of a thread that ended for a new one."""
 
     def __init__(self) -> None:
-        self.state = [None, threading.get_ident(), None]
+        self.state = [None, threading.get_ident(), None, 0]
 
 
-NOTED, IDENT, CALL = range(3)
+NOTED, IDENT, CALL, CALLS = range(4)
 per_thread = _PerThread()
 
 
@@ -223,6 +224,11 @@ def _child_path(path: str, tag: str) -> str:
 def traceback_path(trace_path: str) -> str:
     """Where faulthandler writes the Python traceback of a fatal signal."""
     return trace_path + ".traceback"
+
+
+def delivered_path(trace_path: str) -> str:
+    """Where the export sidecar lists the spans it delivered (recover/ledger.py)."""
+    return trace_path + ".delivered"
 
 
 class _Refused(Exception):
@@ -400,7 +406,8 @@ class TraceFileWriter:
         return fd
 
     def _header(self, pid: int) -> bytes:
-        metadata = dict(self.metadata, pid=pid, ppid=os.getppid())
+        # `created` tells this file from an earlier one of the same pid (a container's pid 1 restarted).
+        metadata = dict(self.metadata, pid=pid, ppid=os.getppid(), created=time.time_ns())
         if self._forked_from is not None:
             metadata["forked_from"] = self._forked_from
         if self.identity:
@@ -677,10 +684,11 @@ def _rotate(path: str, mtime: float) -> None:
         raise _Refused(f"{path}: an earlier run's file is there and no free name was found to keep it")
     if os.path.exists(path):  # a hard link: drop the old name (a rename already did)
         os.unlink(path)
-    old_traceback = traceback_path(path)
-    if os.path.isfile(old_traceback) and not os.path.islink(old_traceback):
-        if _link_new(old_traceback, traceback_path(aside)):
-            _remove(old_traceback)
+    for beside in (traceback_path, delivered_path):  # what belongs to it goes with it
+        old = beside(path)
+        if os.path.isfile(old) and not os.path.islink(old):
+            if _link_new(old, beside(aside)):
+                _remove(old)
     warn(f"a trace file that no live process writes (an earlier run's) was at {path}; it is kept as {aside}")
 
 

@@ -8,6 +8,7 @@ import json
 import math
 from typing import Any
 
+from ..schema import COPY_OF
 from .reader import TraceFileContents
 
 
@@ -39,6 +40,8 @@ def timeline(files: "list[TraceFileContents]") -> dict[str, Any]:
         events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
         tracks: dict[int, int] = {}
         for span in contents.spans:
+            if COPY_OF in span.attributes:  # a call's copy in a request trace: drawn once, as the call
+                continue
             tid = tracks.get(span.thread_id)
             if tid is None:
                 tid = tracks[span.thread_id] = len(tracks) + 1

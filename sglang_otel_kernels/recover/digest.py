@@ -19,7 +19,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
-from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, GRAPH_REPLAY, NAME
+from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, COPY_OF, GRAPH_REPLAY, NAME
 from .reader import RecoveredSpan, TraceFileContents, TraceFileError
 
 NEWEST_PER_THREAD = 200  # kernel calls of each thread (and of each process) a timeline draws
@@ -48,6 +48,8 @@ def digest(contents: TraceFileContents, last: int = 10) -> Digest:
     by_thread: dict = {}
     by_group: dict = {}
     first_bad = newest_replay = None
+    # A copy in a request trace (an archive holds them) repeats a call: each call counts once.
+    contents = dataclasses.replace(contents, spans=[span for span in contents.spans if COPY_OF not in span.attributes])
     for span in contents.spans:
         attributes = span.attributes
         if NAME not in attributes:

@@ -21,9 +21,11 @@ from ..record.export import ExportSampler
 from .otlp_json import resource_attributes
 from ..record import tracefile as fmt
 from ..schema import HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME
+from .ledger import Ledger
 from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death_time, map_trace_file, read_header,
                      read_heartbeat, record_at, scan, with_gaps, writer_alive)
 from .replay import BATCH, FileResource, delivered, readable
+from .request_copies import RequestTraces
 
 # Spans kept for a back end that does not take them, then the oldest are dropped.
 _MAX_PENDING = 50_000
@@ -43,7 +45,7 @@ class RingFollower:
     def __init__(self, path: str) -> None:
         self.path = path
         self.data = map_trace_file(path)
-        self.metadata, self._base, self._end, _ = read_header(path, self.data, written_only=False)
+        self.metadata, self.base, self.end, _ = read_header(path, self.data, written_only=False)
         self._offset: int | None = None
         self._expected = 0  # the sequence number of the next record
         self.lost = 0  # records the writer overwrote before they were read
@@ -56,12 +58,12 @@ class RingFollower:
             return self._resync()
         records: list[tuple] = []
         while True:
-            got = record_at(self.data, self._offset, self._end)
+            got = record_at(self.data, self._offset, self.end)
             if got is None or got[0] != self._expected:
                 # The writer may have wrapped: the next record is then at the ring's start.
-                first = record_at(self.data, self._base, self._end)
-                if first is not None and first[0] == self._expected and self._offset != self._base:
-                    self._offset = self._base
+                first = record_at(self.data, self.base, self.end)
+                if first is not None and first[0] == self._expected and self._offset != self.base:
+                    self._offset = self.base
                     continue
                 if (got is not None and got[0] > self._expected) or (first is not None and first[0] > self._expected):
                     records.extend(self._resync())
@@ -76,7 +78,7 @@ class RingFollower:
         whose SYMBOL was overwritten are still named), then the records not
         read yet. After a loss, the starts read before it may have lost their
         ends: a GAP first tells the assembler so."""
-        entries, _ = scan(self.data, self._base, self._end)
+        entries, _ = scan(self.data, self.base, self.end)
         fresh = [(sequence, after, record) for sequence, after, record in entries if sequence >= self._expected]
         if not fresh:
             return []
@@ -143,9 +145,40 @@ def _still_running(assembler: Assembler, hung: set, now: int, hang_ns: int) -> l
     return [hung_snapshot(assembler.span(start, None), now) for start in late]
 
 
+class _Outbox:
+    """Spans waiting for the back end, in order, with the trace file's span
+    each one finishes delivering: the last span queued for a file span (its
+    copies come after it) carries that span's id, which goes into the list
+    of delivered spans once the back end took it (recover/ledger.py)."""
+
+    def __init__(self, ledger: "Ledger | None") -> None:
+        self.spans: list = []
+        self.finishing: list[int] = []  # per queued span: the file span it finishes, or 0
+        self.ledger = ledger
+        self.left_to_others: list[int] = []  # file spans the application's own exporter sends
+
+    def queue(self, spans: list, original: int) -> None:
+        """`spans` (an original and its copies, those the sampler kept); the
+        last finishes delivering `original` (0: a span not in the file)."""
+        if not spans:
+            return
+        self.spans.extend(spans)
+        self.finishing.extend([0] * (len(spans) - 1) + [original])
+
+    def delivered(self, count: int) -> None:
+        done = [span_id for span_id in self.finishing[:count] if span_id] + self.left_to_others
+        self.left_to_others = []
+        del self.spans[:count], self.finishing[:count]
+        if self.ledger is not None:
+            self.ledger.add(done)
+
+    def drop_oldest(self, count: int) -> None:
+        del self.spans[:count], self.finishing[:count]
+
+
 def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | None = None,
            interval: float = 0.2, wait_s: float = 60.0, kernels_only: bool = False,
-           hang_seconds: float = 0.0) -> tuple[int, int, int]:
+           hang_seconds: float = 0.0, delivered_to: str | None = None) -> tuple[int, int, int]:
     """Exports the spans of the file at `path` as they end until `alive()`
     (default: the file's writer holds its lock) turns false, then those still
     in flight (status ERROR, in flight, ending at the process's last sign of
@@ -154,10 +187,14 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
     application; calls in flight when the process ended are the crash and
     always go, and so does the early export of a kernel call running for
     `hang_seconds` or more while the process lives (`hung_snapshot`; 0:
-    none). With `kernels_only` (or from a MODE record on: the application
-    installed its own provider after this package's) the ended spans of the
-    application, which exports them itself, are left out; its spans in
-    flight at the end, never exported by it, still go."""
+    none). A batched call that matters goes with its copies into the request
+    traces of its batch (recover/request_copies.py). With `kernels_only` (or
+    from a MODE record on: the application installed its own provider after
+    this package's) the ended spans of the application, which exports them
+    itself, are left out; its spans in flight at the end, never exported by
+    it, still go. With `delivered_to` (the exporter's endpoint), what the
+    back end took is listed beside the file (`FILE.delivered`), so that a
+    later `replay` there sends only the rest."""
     alive = alive or writer_watch(path)
     deadline = time.monotonic() + wait_s
     while not os.path.exists(path):  # the writer creates it on its first record
@@ -170,13 +207,27 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
     metadata = follower.metadata
     resource = FileResource(resource_attributes(metadata))
     assembler = Assembler()
+    requests = RequestTraces(assembler.parent_of, assembler.linking_to)
     sampler = ExportSampler()
-    pending: list = []
+    # The ring holds fewer spans than one per 48 bytes (a start and an end record each).
+    outbox = _Outbox(None if delivered_to is None else
+                     Ledger(path, metadata, delivered_to, (follower.end - follower.base) // 48))
     hung: set = set()
     hang_ns = int(hang_seconds * 1e9)
     sent = dropped = 0
     failed_once = False
     seen_alive = 0  # when this follower last saw the process alive: a sign of life the file does not hold
+
+    def queue(span: RecoveredSpan, now: int, always: bool = False) -> None:
+        original = readable(span, resource, now)
+        copies = [readable(copy, resource, now) for copy in requests.copies(span)]
+        if always:
+            outbox.queue([original, *copies], 0 if span.attributes.get(HUNG) else span.span_id)
+        elif sampler.keep(original):
+            outbox.queue([original, *(copy for copy in copies if sampler.keep(copy))], span.span_id)
+        else:
+            outbox.queue([copy for copy in copies if sampler.keep(copy)], 0)
+
     try:
         while True:
             asked = time.time_ns()
@@ -191,38 +242,40 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 if pair is not None:
                     recovered = assembler.span(*pair)
                     if kernels_only and NAME not in recovered.attributes:
+                        outbox.left_to_others.append(recovered.span_id)
                         continue
-                    span = readable(recovered, resource, assembler.last_time)
-                    if sampler.keep(span):
-                        pending.append(span)
+                    queue(recovered, assembler.last_time)
                 elif record[0] in (fmt.IDENTITY, fmt.TABLE) and assembler.identity != metadata.get("ranks"):
                     # Ranks learnt after start-up: on the resource of the spans from now on.
                     metadata = dict(metadata, ranks={**(metadata.get("ranks") or {}), **assembler.identity})
                     resource = FileResource(resource_attributes(metadata))
-            in_flight = []
+            in_flight = 0
             if running and hang_ns:
                 now = time.time_ns()
-                pending.extend(readable(span, resource, now) for span in _still_running(assembler, hung, now, hang_ns))
+                for span in _still_running(assembler, hung, now, hang_ns):
+                    queue(span, now, always=True)
             if not running:
                 last_alive = max(assembler.last_time, read_heartbeat(follower.data), seen_alive)
                 last_alive = death_time(path, last_alive) or last_alive
-                in_flight = [readable(span, resource, last_alive) for span in assembler.in_flight()]
-                pending.extend(in_flight)
-            while pending:
-                batch = pending[:BATCH]
+                for span in assembler.in_flight():
+                    queue(span, last_alive, always=True)
+                    in_flight += 1
+            while outbox.spans:
+                batch = outbox.spans[:BATCH]
                 if not delivered(exporter, batch):
                     if not failed_once:
                         warn(f"follow {path}: the back end did not take {len(batch)} spans; retrying")
                         failed_once = True
                     break
-                del pending[:BATCH]
+                outbox.delivered(len(batch))
                 sent += len(batch)
-            if len(pending) > _MAX_PENDING:
-                dropped += len(pending) - _MAX_PENDING
-                del pending[: len(pending) - _MAX_PENDING]
+            if len(outbox.spans) > _MAX_PENDING:
+                dropped += len(outbox.spans) - _MAX_PENDING
+                outbox.drop_oldest(len(outbox.spans) - _MAX_PENDING)
             if not running:
-                dropped += len(pending)
-                return sent, len(in_flight), dropped
+                dropped += len(outbox.spans)
+                outbox.delivered(0)  # what was left to the application's exporter
+                return sent, in_flight, dropped
             time.sleep(interval)
     finally:
         if follower.lost:
@@ -230,3 +283,5 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                  f"{len(assembler.unsure)} spans whose end may have been among them were not exported "
                  "(a larger SGLANG_KERNEL_API_TRACEFILE_SIZE keeps more)")
         follower.close()
+        if outbox.ledger is not None:
+            outbox.ledger.close()

@@ -20,6 +20,7 @@ from ..record import identity
 from ..schema import HUNG, IN_FLIGHT, THREAD_ID, THREAD_NAME
 from ..text import utf8
 from .reader import RecoveredSpan, TraceFileContents, TraceFileError, open_regular
+from .request_copies import with_copies
 
 _STATUS_CODES = {"UNSET": 0, "OK": 1, "ERROR": 2}
 # Span flags: the W3C trace flags, plus whether the parent is known to be remote.
@@ -130,7 +131,10 @@ def requests(contents: TraceFileContents, spans: Iterable[RecoveredSpan] | None 
 
 
 def json_lines(contents: TraceFileContents, batch: int = 512) -> Iterator[str]:
-    for request in requests(contents, batch=batch):
+    """The file's spans as OTLP JSON lines, each call that matters followed
+    by its copies into its batch's request traces (record/batches.py)."""
+    spans, _ = with_copies(contents.spans)
+    for request in requests(contents, spans, batch=batch):
         yield json.dumps(request, separators=(",", ":"), allow_nan=False)
 
 

@@ -861,6 +861,18 @@ class Assembler:
         """The start records of kernel calls in flight that started before `time_ns`."""
         return [start for start in self.starts.values() if start[8] == _KERNEL_SCOPE and start[6] < time_ns]
 
+    def parent_of(self, span_id: int) -> "int | None":
+        """The parent span id of a span still open (its batch, an outer call), or None."""
+        start = self.starts.get(span_id)
+        return None if start is None or start[0] is not _SPAN_START else start[3]
+
+    def linking_to(self, span_id: int) -> list[tuple[int, int, dict, dict, bool]]:
+        """The open spans with a link to span `span_id`: (trace id, span id,
+        attributes, the link's attributes, sampled) each."""
+        return [(start[1], start[2], start[9], link[2], bool(start[11]))
+                for start in self.starts.values() if start[0] is _SPAN_START and start[10]
+                for link in start[10] if link[1] == span_id]
+
     def in_flight(self) -> list[RecoveredSpan]:
         """The spans and calls started and not ended."""
         return [self.span(start, None) for start in (*self.starts.values(), *self.calls.values())]

@@ -1,11 +1,15 @@
 """Sends recovered spans to an OTLP back end after the fact, keeping their
 trace and span ids, parents, links and timestamps, so the calls of a dead
-process appear inside the original request traces. Spans still in flight when
-the process died are marked (status ERROR, `sglang.kernel.in_flight`) and end
-at the newest time their file holds. Uses the official OTLP exporters."""
+process appear inside the original request traces; each call that matters
+goes with its copies into the request traces of its batch. Spans still in
+flight when the process died are marked (status ERROR,
+`sglang.kernel.in_flight`) and end at the newest time their file holds.
+What the export sidecar already delivered is left out (its list beside the
+file). Uses the official OTLP exporters."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Callable, Iterable
 from urllib.parse import urlparse
@@ -17,8 +21,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from ..record import export
+from ..schema import COPY_OF
+from .ledger import read_delivered
 from .otlp_json import exported_attributes, resource_attributes
 from .reader import RecoveredSpan, TraceFileContents
+from .request_copies import with_copies
 
 BATCH = 512
 
@@ -106,19 +113,44 @@ def delivered(exporter: SpanExporter, batch: list) -> bool:
         return False
 
 
+@dataclasses.dataclass
+class Replayed:
+    sent: int  # spans sent, copies included
+    in_flight: int  # of which calls in flight when their process died (copies not counted)
+    copies: int  # of which copies into request traces (record/batches.py)
+    delivered_before: int  # spans the export sidecar had delivered: left out, or sent again with `everything`
+    notes: list[str]  # lists of delivered spans that were not taken, and why
+
+
 def replay(
     contents: Iterable[TraceFileContents],
     exporter: SpanExporter,
     progress: Callable[[int, int], None] | None = None,
-) -> tuple[int, int]:
-    """Exports every span of every file; returns (spans sent, of which in flight).
+    everything: bool = False,
+    endpoint: str | None = None,
+) -> Replayed:
+    """Exports the spans of every file, each call that matters with its
+    copies into its batch's request traces, except (unless `everything`)
+    those the export sidecar already delivered to `endpoint`, the
+    exporter's (recover/ledger.py).
     Raises ConnectionError when the back end does not take a batch."""
     work = []
-    in_flight = 0
+    in_flight = copies = delivered_before = 0
+    notes: list[str] = []
     for content in contents:
+        before: "set[int]" = set()
+        if endpoint is not None and content.metadata.get("format") != "OTLP JSON":
+            found, note = read_delivered(content.path, content.metadata, endpoint)
+            if note:
+                notes.append(note)
+            before = found or before
+        spans = content.spans
+        delivered_before += sum(span.span_id in before for span in spans) if before else 0
+        spans, added = with_copies(spans, frozenset() if everything else before)
+        copies += added
         resource = FileResource(resource_attributes(content.metadata))
-        work.extend(readable(span, resource, content.last_alive) for span in content.spans)
-        in_flight += sum(span.in_flight for span in content.spans)
+        work.extend(readable(span, resource, content.last_alive) for span in spans)
+        in_flight += sum(span.in_flight and COPY_OF not in span.attributes for span in spans)
     sent = 0
     for first in range(0, len(work), BATCH):
         batch = work[first : first + BATCH]
@@ -127,7 +159,7 @@ def replay(
         sent += len(batch)
         if progress is not None:
             progress(sent, len(work))
-    return sent, in_flight
+    return Replayed(sent, in_flight, copies, delivered_before, notes)
 
 
 def terminal_progress(stream=sys.stderr) -> Callable[[int, int], None] | None:

@@ -11,7 +11,7 @@ from typing import Any
 from ..config import DEFAULT_HANG_SECONDS
 from ..record.tracefile import traceback_path
 from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY,
-                      GRAPH_SUSPECT, INPUT_PREFIX, NAME, PREFIX, REPLAY_NAME, REQUEST_ID, SEQ)
+                      GRAPH_SUSPECT, INPUT_PREFIX, NAME, NONFINITE_REQUESTS, PREFIX, REPLAY_NAME, REQUEST_ID, SEQ)
 from .digest import Digest, add_counts, digest, produced_nonfinite
 from .ranks import cross_rank, rank_of, timestamp
 from .ranks import render as render_verdict
@@ -79,12 +79,19 @@ def _requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[s
     while current is not None and seen < 64:
         if (BATCH_REQUEST_IDS in current.attributes or BATCH_SIZE in current.attributes) and not (
                 current.name == REPLAY_NAME and by_id.get(current.parent_span_id) is not None):
-            return {
+            found = {
                 "batch": current.name,
                 "batch_span_id": f"{current.span_id:016x}",
                 "request_ids": _texts(current.attributes.get(BATCH_REQUEST_IDS, ())),
                 "request_traces": [f"{trace_id:032x}" for trace_id, _, _ in current.links],
             }
+            named = span.attributes.get(NONFINITE_REQUESTS)
+            if isinstance(named, (tuple, list)):  # the requests whose rows went non-finite, not their batch mates
+                named = _texts(named)
+                found.update(batch_request_ids=found["request_ids"], request_ids=named, nonfinite_rows=True,
+                             request_traces=[f"{trace_id:032x}" for trace_id, _, link in current.links
+                                             if str(link.get(REQUEST_ID)) in named])
+            return found
         if current.kind == 1:  # SERVER: the request itself
             return {"request": current.name, "trace_id": f"{current.trace_id:032x}",
                     "request_ids": _texts(current.attributes[REQUEST_ID]) if REQUEST_ID in current.attributes else []}
@@ -283,7 +290,13 @@ def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
             lines.append(f"{indent}    ... and {count - GRAPH_LINES} more (report --json lists them all)")
     requests = call["requests"]
     if requests:
-        if "batch" in requests:
+        if requests.get("nonfinite_rows"):
+            ids = ", ".join(requests["request_ids"]) or "none of its requests"
+            linked = len(requests["request_traces"])
+            lines.append(f"{indent}  batch {requests['batch']}: NaN/Inf in the rows of {ids} "
+                         f"({len(requests['request_ids'])} of its {len(requests['batch_request_ids'])} requests" +
+                         (f"; {linked} trace{'s' if linked > 1 else ''} linked)" if linked else ")"))
+        elif "batch" in requests:
             ids = ", ".join(requests["request_ids"]) or "no ids"
             linked = len(requests["request_traces"])
             lines.append(f"{indent}  batch {requests['batch']}: requests {ids}" +
