@@ -11,19 +11,22 @@ machine's speed hits both alike:
   inside `forward_batch` of 8 traced requests, into the trace file (no
   export): us a call, the median of each round's repeats;
 - the export sidecar's sustained rate: a trace file of `--spans` level-3
-  calls in clean batches of 8 requests (written by the tree's own writer),
-  exported by the tree's `follow` to a live local gRPC receiver: spans a
-  second, from the first record read to the last batch taken.
+  calls in clean batches of 8 requests (written by the tree's own writer in
+  one process), exported by the tree's `follow` in another, as the sidecar
+  runs, to a live local gRPC receiver: spans a second, from the first record
+  read to the last batch taken.
 
 `--before` defaults to the parent of the commit that added
 sglang_otel_kernels/record/batches.py (where copies came in); it is taken
-with `git archive`. Prints each figure per tree and the ratio after/before.
+with `git archive`. Prints each figure per tree, the ratio of the medians,
+and the median of each round's own ratio (the machine drifts over a run).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -62,17 +65,14 @@ with sok.forward_batch(members, name="decode_batch"):
 print(statistics.median(samples))
 """
 
-SIDECAR = r"""
-import os, sys, tempfile, time, torch
+WRITE = r"""
+import sys, torch
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 import sglang_otel_kernels as sok
-from sglang_otel_kernels.recover.follow import follow
-from sglang_otel_kernels.recover.replay import make_exporter
-spans, endpoint = int(sys.argv[1]), sys.argv[2]
+spans, path = int(sys.argv[1]), sys.argv[2]
 provider = TracerProvider()
 trace.set_tracer_provider(provider)
-path = os.path.join(tempfile.mkdtemp(), "t.sgltrace")
 sok.configure(level=3, log_dest="off", trace_file=path, trace_file_size=256 << 20, export_sidecar=False)
 kernel = sok.debug_kernel_api(op_name="sglang.custom_op.rmsnorm")(lambda x, w, eps=1e-6: x)
 x, w = torch.randn(8, 4096), torch.randn(4096)
@@ -86,9 +86,16 @@ while written < spans:
         for _ in range(32):
             kernel(x, w, eps=1e-5)
     written += 41
-sok.configure(level=0, trace_file="off")  # the writer closes: the file is whole
+print(written)
+"""
+
+# The sidecar is a process of its own, as `follow` runs beside an application.
+FOLLOW = r"""
+import inspect, sys, time
+from sglang_otel_kernels.recover.follow import follow
+from sglang_otel_kernels.recover.replay import make_exporter
+path, endpoint = sys.argv[1], sys.argv[2]
 exporter, target = make_exporter(endpoint, "grpc", 30.0)
-import inspect
 # The list of delivered spans, which the sidecar keeps where follow() takes its endpoint.
 listing = {"delivered_to": target} if "delivered_to" in inspect.signature(follow).parameters else {}
 start = time.perf_counter()
@@ -143,16 +150,21 @@ def main() -> int:
             order = list(trees.items()) if round_number % 2 == 0 else list(trees.items())[::-1]
             for name, tree in order:
                 results[name, "level5"].append(_child(tree, LEVEL5, str(options.calls), str(options.repeats)))
-                results[name, "sidecar"].append(_child(tree, SIDECAR, str(options.spans), endpoint))
+                path = os.path.join(tempfile.mkdtemp(prefix="sok-copies-"), "t.sgltrace")
+                _child(tree, WRITE, str(options.spans), path)
+                results[name, "sidecar"].append(_child(tree, FOLLOW, path, endpoint))
+                shutil.rmtree(os.path.dirname(path))
     finally:
         server.stop(grace=None)
     median = {key: statistics.median(values) for key, values in results.items()}
     print(f"python {sys.version.split()[0]}; before = {rev}, after = this tree; median of {options.rounds} rounds")
-    print(f"{'':52s} {'before':>10s} {'after':>10s} {'after/before':>13s}")
+    print(f"{'':52s} {'before':>10s} {'after':>10s} {'after/before':>13s} {'paired':>8s}")
     for what, label in (("level5", "level 5, clean call in a batch of 8 (us/call)"),
                         ("sidecar", "sidecar export, clean level-3 batches (spans/s)")):
         before, after = median["before", what], median["after", what]
-        print(f"{label:52s} {before:10.2f} {after:10.2f} {after / before:13.3f}")
+        # The machine drifts over a run: each round's own ratio, the two measured back to back, and their median.
+        paired = statistics.median(a / b for a, b in zip(results["after", what], results["before", what]))
+        print(f"{label:52s} {before:10.2f} {after:10.2f} {after / before:13.3f} {paired:8.3f}")
         print(f"{'  rounds':52s} {' '.join(f'{v:.2f}' for v in results['before', what]):>10s}  |  "
               f"{' '.join(f'{v:.2f}' for v in results['after', what])}")
     return 0

@@ -157,13 +157,10 @@ class _Outbox:
         self.ledger = ledger
         self.left_to_others: list[int] = []  # file spans the application's own exporter sends
 
-    def queue(self, spans: list, original: int) -> None:
-        """`spans` (an original and its copies, those the sampler kept); the
-        last finishes delivering `original` (0: a span not in the file)."""
-        if not spans:
-            return
-        self.spans.extend(spans)
-        self.finishing.extend([0] * (len(spans) - 1) + [original])
+    def queue(self, span, original: int) -> None:
+        """One span; it finishes delivering `original` (0: none)."""
+        self.spans.append(span)
+        self.finishing.append(original)
 
     def delivered(self, count: int) -> None:
         done = [span_id for span_id in self.finishing[:count] if span_id] + self.left_to_others
@@ -219,14 +216,17 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
     seen_alive = 0  # when this follower last saw the process alive: a sign of life the file does not hold
 
     def queue(span: RecoveredSpan, now: int, always: bool = False) -> None:
+        """A span of the file (or a hung call's early export) and its copies,
+        the last of those queued finishing the span's delivery."""
         original = readable(span, resource, now)
-        copies = [readable(copy, resource, now) for copy in requests.copies(span)]
-        if always:
-            outbox.queue([original, *copies], 0 if span.attributes.get(HUNG) else span.span_id)
-        elif sampler.keep(original):
-            outbox.queue([original, *(copy for copy in copies if sampler.keep(copy))], span.span_id)
-        else:
-            outbox.queue([copy for copy in copies if sampler.keep(copy)], 0)
+        kept = always or sampler.keep(original)
+        copies = [copy for copy in (readable(c, resource, now) for c in requests.copies(span))
+                  if always or sampler.keep(copy)]
+        last = span.span_id if kept and not (always and span.attributes.get(HUNG)) else 0
+        if kept:
+            outbox.queue(original, 0 if copies else last)
+        for number, copy in enumerate(copies, 1):
+            outbox.queue(copy, last if number == len(copies) else 0)
 
     try:
         while True:
