@@ -133,12 +133,28 @@ def test_declared_rows_map_a_token_flattened_tensor_to_its_requests(record, prov
             for call in calls] == [2, 1, 3]
 
 
-def test_rows_that_do_not_fit_the_batch_are_ignored_with_a_warning(record, provider, capsys):
+@pytest.mark.parametrize("rows, problem", [([1, 2, 3], "3 values for 2 requests"), ([1, -1], "a negative count"),
+                                           ("ab", "not a sequence of integers"), (7, "not a sequence of integers"),
+                                           ([1.5, 2], "not a sequence of integers")])
+def test_rows_that_do_not_fit_the_batch_are_ignored_with_a_warning(record, provider, capsys, monkeypatch, rows,
+                                                                   problem):
+    monkeypatch.setattr("sglang_otel_kernels.notices._told", set())  # each reason is told once a process
     exporter = record(level=5)
     kernel = sok.debug_kernel_api(op_name="k")(_nan_rows)
-    with sok.forward_batch(_requests(provider, 2), name="extend", rows=[1, 2, 3]):
+    with sok.forward_batch(_requests(provider, 2), name="extend", rows=rows):
         kernel(torch.ones(2, 4), [1])  # one row per request still maps
-    assert "forward_batch(rows=...) ignored: 3 values for 2 requests" in capsys.readouterr().err
+    assert f"forward_batch(rows=...) ignored: {problem}" in capsys.readouterr().err
+    [call] = [s for s in _by_name(exporter)["k"] if COPY_OF not in s.attributes]
+    assert call.attributes[K + "nonfinite_requests"] == ("r1",)
+
+
+def test_rows_may_be_numpy_or_torch_integers(record, provider):
+    import numpy
+
+    exporter = record(level=5)
+    kernel = sok.debug_kernel_api(op_name="k")(_nan_rows)
+    with sok.forward_batch(_requests(provider, 2), name="extend", rows=[numpy.int64(3), torch.tensor(1)]):
+        kernel(torch.ones(4, 2), [3])
     [call] = [s for s in _by_name(exporter)["k"] if COPY_OF not in s.attributes]
     assert call.attributes[K + "nonfinite_requests"] == ("r1",)
 
@@ -447,3 +463,44 @@ def test_the_report_names_the_requests_whose_rows_went_nan_not_their_batch_mates
     assert requests["batch_request_ids"] == ["r0", "r1", "r2", "r3", "r4"] and requests["nonfinite_rows"] is True
     report("--html", str(tmp_path / "report.html"))
     assert line in (tmp_path / "report.html").read_text()
+
+
+def test_a_kernels_only_sidecar_lists_the_applications_spans_too_so_replay_sends_nothing_twice(tmp_path, receiver):
+    """The application exports its own spans (its request spans); the sidecar the kernel spans and their
+    copies. Both are in the list, so a replay to the sidecar's endpoint sends none of the file's spans."""
+    application = GrpcReceiver()
+    script = (
+        "from opentelemetry import trace\n"
+        "from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import BatchSpanProcessor\n"
+        "provider = TracerProvider()\n"
+        f"provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint={application.endpoint!r}, "
+        "insecure=True)))\n"
+        "trace.set_tracer_provider(provider)\n"
+        + APP.replace("sok.configure()\n", "sok.configure()\nimport atexit; atexit.register(provider.shutdown)\n")
+        .replace("embedding(torch.ones(3), DIE)", "pass")
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update(SGLANG_KERNEL_API_LOGLEVEL="5", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="kernels",
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace.sgltrace"), OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        own = application.wait_for(lambda got: sum(s["name"] == "decode.request" for s in got) == 12)
+    finally:
+        application.stop()
+    # The kernel spans and their copies came from the sidecar, the application's spans from the application.
+    by_sidecar = receiver.wait_for(lambda got: sum(COPY_OF in s["attributes"] for s in got) == 4)
+    time.sleep(0.5)
+    assert all(K + "name" in s["attributes"] for s in receiver.spans)
+    assert not any(K + "name" in s["attributes"] for s in own)
+    _check_copies(own + by_sidecar, died=False)
+    path = str(tmp_path / "trace.sgltrace")
+    spans = sok.read_trace(path)
+    again = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "replay", path, "--endpoint",
+                            receiver.endpoint], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "replayed 0 spans" in again.stdout and f"left out {len(spans)} spans" in again.stdout, again.stdout
+    assert any(K + "name" not in s.attributes for s in spans)  # the application's spans are in the file, and listed

@@ -231,3 +231,22 @@ def test_sglangs_graph_runner_replays_carry_their_batch_and_a_crash_names_the_gr
                 "      1. sglang_graph_parts.rmsnorm  (2, 8), (8,)  torch.float32, torch.float32\n"
                 "      2. sglang_graph_parts.lm_head  (2, 8), (8, 16)  torch.float32, torch.float32\n"
                 "    batch cuda_graph.replay: requests rid-a, rid-b") in crashed
+
+
+def test_sglangs_batches_give_each_requests_rows_for_nan_provenance(sglang_site):
+    """forward_batch(rows=...) from SGLang's own ForwardMode: one row each in decode, the extend lengths in
+    prefill, extend and mixed batches (running requests count one), unknown in speculative verification."""
+    script = (
+        "import types\n"
+        "from sglang.srt.model_executor.forward_batch_info import ForwardMode\n"
+        "from sglang_otel_kernels.integrations.sglang import _rows\n"
+        "batch = lambda mode, lengths=None: types.SimpleNamespace(forward_mode=mode, extend_lens=lengths)\n"
+        "print(repr([_rows(batch(ForwardMode.DECODE, [7, 7]), 2), _rows(batch(ForwardMode.EXTEND, [5, 1, 2]), 3),\n"
+        "            _rows(batch(ForwardMode.MIXED, [5, 1, 1]), 3), _rows(batch(ForwardMode.TARGET_VERIFY, [4, 4]), 2),\n"
+        "            _rows(batch(ForwardMode.IDLE), 0), _rows(batch(ForwardMode.EXTEND, [5]), 3), _rows(object(), 2)]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "OTEL_"))}
+    env["PYTHONPATH"] = os.pathsep.join([sglang_site, ROOT])
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[[1, 1], [5, 1, 2], [5, 1, 1], None, None, None, None]"

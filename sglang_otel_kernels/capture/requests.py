@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import operator
 import threading
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -138,18 +139,18 @@ def _keyed_ids(tracer) -> "_KeyedTraceIds | None":
 
 
 def _row_counts(rows: Any, members: int) -> "tuple[int, ...] | None":
-    """`forward_batch`'s `rows`: one non-negative int per request, else None
-    with one warning (the batch runs on; rows are then mapped one per request)."""
+    """`forward_batch`'s `rows`: one non-negative integer per request (numpy's
+    and torch's integer scalars too), else None with one warning (the batch
+    runs on; a tensor with a row per request still maps)."""
     if rows is None:
         return None
     try:
-        counts = tuple(rows)
-        if len(counts) == members and all(type(count) is int and count >= 0 for count in counts):
+        counts = tuple(map(operator.index, rows))
+        if len(counts) == members and all(count >= 0 for count in counts):
             return counts
-        problem = f"{len(counts)} values for {members} requests" if len(counts) != members else \
-            "not all non-negative ints"
+        problem = f"{len(counts)} values for {members} requests" if len(counts) != members else "a negative count"
     except TypeError:
-        problem = f"a {type(rows).__name__}, not a sequence"
+        problem = "not a sequence of integers"
     warn_once(f"rows: {problem}", f"forward_batch(rows=...) ignored: {problem}; each request is taken as one row")
     return None
 

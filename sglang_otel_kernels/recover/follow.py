@@ -155,16 +155,24 @@ class _Outbox:
         self.spans: list = []
         self.finishing: list[int] = []  # per queued span: the file span it finishes, or 0
         self.ledger = ledger
-        self.left_to_others: list[int] = []  # file spans the application's own exporter sends
+        self._left: list[int] = []  # file spans the application's own exporter sends, not listed yet
 
     def queue(self, span, original: int) -> None:
         """One span; it finishes delivering `original` (0: none)."""
         self.spans.append(span)
         self.finishing.append(original)
 
+    def leave(self, original: int) -> None:
+        """A file span the application's own exporter sends: listed as
+        delivered, a batch at a time, whatever the back end does."""
+        if self.ledger is not None:
+            self._left.append(original)
+            if len(self._left) >= BATCH:
+                self.delivered(0)
+
     def delivered(self, count: int) -> None:
-        done = [span_id for span_id in self.finishing[:count] if span_id] + self.left_to_others
-        self.left_to_others = []
+        done = [span_id for span_id in self.finishing[:count] if span_id] + self._left
+        self._left = []
         del self.spans[:count], self.finishing[:count]
         if self.ledger is not None:
             self.ledger.add(done)
@@ -242,7 +250,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 if pair is not None:
                     recovered = assembler.span(*pair)
                     if kernels_only and NAME not in recovered.attributes:
-                        outbox.left_to_others.append(recovered.span_id)
+                        outbox.leave(recovered.span_id)
                         continue
                     queue(recovered, assembler.last_time)
                 elif record[0] in (fmt.IDENTITY, fmt.TABLE) and assembler.identity != metadata.get("ranks"):
