@@ -118,6 +118,7 @@ def test_old_uneventful_trace_files_are_pruned_and_evidence_is_kept(tmp_path):
     for index in range(12):
         shutil.copy(tmp_path / made["clean"], tmp_path / f"t_{900000 + index}.sgltrace")
         os.utime(tmp_path / f"t_{900000 + index}.sgltrace", (1000 + index, 1000 + index))
+        (tmp_path / f"t_{900000 + index}.sgltrace.delivered").write_bytes(b"its export sidecar's list")
     for age, mode in enumerate(("fail", "crash")):
         os.utime(tmp_path / made[mode], (10 + age, 10 + age))
     os.utime(tmp_path / made["clean"], (5000, 5000))
@@ -126,6 +127,9 @@ def test_old_uneventful_trace_files_are_pruned_and_evidence_is_kept(tmp_path):
     # The newest five stay; beyond them only the uneventful files went.
     assert len(removed) == 8 and made["fail"] in left and made["crash"] in left
     assert len(left) == 5 + 2
+    # A removed file's list of delivered spans goes with it; a kept one's stays.
+    assert sorted(name[: -len(".delivered")] for name in os.listdir(tmp_path) if name.endswith(".delivered")) == \
+        sorted(name for name in left if name.startswith("t_9000"))
     # Wired to the start of a run: SGLANG_KERNEL_API_TRACEFILE_KEEP=2 leaves the newest two of the others.
     proc = run_python("MODE = 'clean'\n" + script, tmp_path,
                       dict(settings, SGLANG_KERNEL_API_TRACEFILE_KEEP="2", STAY="2"))

@@ -20,6 +20,7 @@ from ..schema import BATCH_SIZE, COPY_OF, NAME, REQUEST_ID
 from .reader import RecoveredSpan
 
 _HOPS = 64  # parents walked up from a call to its batch
+_KNOWN = 1024  # spans whose request spans are remembered
 # The open spans linking to a span: (trace id, span id, attributes, the link's attributes, sampled) each.
 Linking = Callable[[int], Iterable[tuple]]
 
@@ -31,12 +32,21 @@ class RequestTraces:
     def __init__(self, parent_of: Callable[[int], "int | None"], linking_to: Linking) -> None:
         self._parent_of = parent_of
         self._linking_to = linking_to
+        # Asked again for each call of a batch that matters (a NaN flows through all of them); a batch's
+        # request spans all start before its first kernel, so an answer holds while the batch runs.
+        self._known: dict[int, list] = {}
 
     def _requests_of(self, span_id: int) -> list[tuple[int, int, bool, "str | None"]]:
         """The request spans of a batch: (trace id, span id, sampled, request id) each; [] for another span."""
-        return [(trace_id, request_span, sampled, attributes.get(REQUEST_ID))
+        found = self._known.get(span_id)
+        if found is None:
+            if len(self._known) >= _KNOWN:
+                self._known.clear()
+            found = self._known[span_id] = [
+                (trace_id, request_span, sampled, attributes.get(REQUEST_ID))
                 for trace_id, request_span, attributes, link, sampled in self._linking_to(span_id)
                 if BATCH_SIZE in link]
+        return found
 
     def copies(self, span: RecoveredSpan) -> list[RecoveredSpan]:
         attributes = span.attributes
