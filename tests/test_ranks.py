@@ -336,3 +336,41 @@ def test_report_over_the_jaeger_free_archive_of_a_dead_job_gives_the_same_verdic
         assert exported.returncode == 0, exported.stderr
     _, _, document = report(archive)
     assert [(s["rank"], s["reason"], s["call"]) for s in document["cross_rank"]["suspects"]] == [(2, "died", "layer.boom")]
+
+
+def test_a_report_over_some_ranks_files_names_the_ranks_without_one_first(jobs, tmp_path):
+    """The other node's files not copied yet: ranks 2 and 3 have none, and ranks 0 and 1, which only
+    waited for them, are never the culprit."""
+    job = jobs(tmp_path, "stuck")
+    job.wait_until("rank 2 stuck, the others in all_reduce #5", lambda: job.in_flight(2) == [("layer.stuck", None)]
+                   and all(job.in_flight(r) == [("torch.distributed.all_reduce", 5)] for r in (0, 1, 3)))
+    job.kill()
+    status, text, document = report(job.path(0), job.path(1))
+    verdict = document["cross_rank"]
+    assert status == 1
+    assert text.splitlines()[0] == ("no file for ranks 2, 3 of 4 (the likely culprits); ranks 0, 1 waited in "
+                                    "all_reduce #5 of group default_pg for them"), text
+    assert verdict["missing_ranks"] == [2, 3] and verdict["world_size"] == 4
+    assert [(s["rank"], s["reason"]) for s in verdict["suspects"]] == [(2, "no_file"), (3, "no_file")]
+
+
+def test_a_live_wait_under_the_threshold_names_the_rank_everyone_waits_for(jobs, tmp_path):
+    job = jobs(tmp_path, "stuck")
+    job.wait_until("rank 2 stuck, the others in all_reduce #5", lambda: job.in_flight(2) == [("layer.stuck", None)]
+                   and all(job.in_flight(r) == [("torch.distributed.all_reduce", 5)] for r in (0, 1, 3)))
+    time.sleep(3)  # past a twentieth of the threshold
+    status, text, document = report(tmp_path, hang_seconds=60)
+    verdict = document["cross_rank"]
+    assert status == 0  # no hang yet: nothing to fail a gate on
+    first = text.splitlines()[0]
+    assert re.fullmatch(r"ranks 0, 1, 3 have waited [\d.]+ s in all_reduce #5 of group default_pg for rank 2 "
+                        r"\(in layer\.stuck for [\d.]+ s\); a hang at 60 s", first), first
+    assert verdict["waiting_for"]["ranks"] == [2] and verdict["waiting_for"]["seconds"] >= 3
+    assert verdict["suspects"] == [] and "No suspect" not in text and "no suspect" not in text
+    # The live page says the same, never "no crash, no failure".
+    page = tmp_path / "live.html"
+    made = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path), "--html", str(page)],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    html = page.read_text()
+    assert '<p class="verdict waiting">ranks 0, 1, 3 have waited' in html and "no crash, no failure" not in html

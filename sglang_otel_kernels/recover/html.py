@@ -27,7 +27,7 @@ body{font:14px system-ui,sans-serif;margin:16px;color:#222;overflow-wrap:anywher
 h1{font-size:20px}h2{font-size:16px;margin-top:24px}
 .verdict{padding:8px 12px;border-radius:4px;font-weight:600}
 .verdict.crashed{background:#fdd;color:#900}.verdict.failed{background:#ffe6cc;color:#840}
-.verdict.clean{background:#dfd;color:#060}
+.verdict.clean{background:#dfd;color:#060}.verdict.waiting{background:#fff3c4;color:#735c00}
 .track{margin:6px 0}.track-name{font-size:12px;color:#555}
 svg{width:100%;height:28px;background:#f6f6f6;border-radius:3px;display:block}
 rect.call{fill:#7aa6d8}rect.call.failed{fill:#e8912d}rect.call.nonfinite{fill:#9b59b6}
@@ -117,6 +117,10 @@ def _newest_by_thread(content: TraceFileContents) -> dict[Any, list[RecoveredSpa
     return {name: spans[-MAX_CALLS_PER_TRACK:] for name, spans in tracks.items()}
 
 
+def _verdict_class(verdict: dict[str, Any]) -> str:
+    return "crashed" if verdict["suspects"] else "waiting" if verdict.get("waiting_for") else "clean"
+
+
 def _rank_lanes(report: dict[str, Any], contents: list[TraceFileContents], axis: tuple[int, int], first_bad,
                 by_id: dict[int, RecoveredSpan], calls: list[str]) -> str:
     """Each job's verdict, then one lane per rank (its newest calls, every
@@ -139,7 +143,7 @@ def _rank_lanes(report: dict[str, Any], contents: list[TraceFileContents], axis:
                          f'<div class="lane-name">{html.escape(label)}</div>'
                          f"{_track(spans, *axis, first_bad, by_id, content, calls)}</div>")
         out.append(f'<h2>Ranks of job {html.escape(str(verdict["job"]))}</h2>'
-                   f'<p class="verdict {"crashed" if verdict["suspects"] else "clean"}">'
+                   f'<p class="verdict {_verdict_class(verdict)}">'
                    f'{html.escape(verdict["verdict"])}</p>{"".join(lanes)}')
     return "".join(out)
 
@@ -160,6 +164,9 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
         verdict = ("crashed", f"{suspects} suspect rank(s): see the verdict of the ranks below")
     elif report["failed"]:
         verdict = ("failed", f"{len(report['failed'])} failed call(s)")
+    elif any(job.get("waiting_for") for job in report.get("cross_rank_jobs") or ()):
+        # Not a hang yet, never "no crash": who everyone waits for, and since when.
+        verdict = ("waiting", next(job["verdict"] for job in report["cross_rank_jobs"] if job.get("waiting_for")))
     else:
         verdict = ("clean", "no crash, no failure")
     calls: list[str] = []

@@ -49,6 +49,22 @@ def rank_of(contents: TraceFileContents) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
+_MAX_WORLD = 1 << 16  # a world size past this is a damaged (or crafted) file's
+
+
+def _world_size(files: list[TraceFileContents]) -> int | None:
+    """The job's world size, as its ranks' files say most often."""
+    sizes = Counter()
+    for content in files:
+        ranks = content.metadata.get("ranks")
+        value = ranks.get("world_size") if isinstance(ranks, dict) else None
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if type(value) is int and 0 < value <= _MAX_WORLD:
+            sizes[value] += 1
+    return sizes.most_common(1)[0][0] if sizes else None
+
+
 def _job_key(contents: TraceFileContents) -> str:
     ranks = contents.metadata.get("ranks") or {}
     job = ranks.get("job")
@@ -187,11 +203,15 @@ class _Verdict:
     def __init__(self, files: list[TraceFileContents], hang_seconds: float, now: int) -> None:
         self.hang_seconds = hang_seconds
         self.ranks = {rank_of(c): RankFile(c, rank_of(c), now) for c in files}
+        self.world = _world_size(files)
         self.collectives: list[dict] = []  # the newest state of each group and pair, where not all is done
         self.waits: dict[int, list[tuple]] = defaultdict(list)  # rank -> (span, missing ranks, entry)
         self.mismatches: list[dict] = []
         self._analyse_groups()
         self._analyse_pairs()
+        # Ranks of the job (its world size, its groups' members) that no file given is of.
+        known = set(range(self.world or 0)).union(*(entry["members"] for entry in self.collectives))
+        self.missing_ranks = sorted(known - set(self.ranks))
         self.suspects = self._suspects()
 
     # -- facts ------------------------------------------------------------
@@ -338,6 +358,22 @@ class _Verdict:
                     f"{entry['op']} #{entry['seq']} from it")
         return f"never entered {entry['op']} #{entry['seq']} of group {entry['group']}, which {_ranks_text(waiters)} {verb}"
 
+    def _no_file_text(self, entries: list[dict]) -> str:
+        """`no file for ranks 2, 3 of 4 (the likely culprits); ranks 0, 1 wait in all_reduce #5 of group tp for them`."""
+        missing = self.missing_ranks
+        several = len(missing) > 1
+        of = f" of {self.world}" if self.world else ""
+        text = f"no file for {_ranks_text(missing)}{of} (the likely culprit{'s' if several else ''})"
+        if entries:
+            entry = max(entries, key=lambda e: (bool(e["waiting"]), e["seconds"]))
+            waiters = entry["waiting"] or entry["failed"]
+            live = any(self.ranks[r].contents.live for r in waiters if r in self.ranks)
+            verb = ("failed in" if not entry["waiting"] else
+                    ("wait in" if len(waiters) > 1 else "waits in") if live else "waited in")
+            where = (f"{entry['op']} #{entry['seq']}" + (f" of group {entry['group']}" if "source" not in entry else ""))
+            text += f"; {_ranks_text(waiters)} {verb} {where} for {'them' if several else 'it'}"
+        return text
+
     @staticmethod
     def _mismatch_text(mismatch: dict, rank: int) -> str:
         """`rank 3's all_reduce #5 of group tp has input shapes (8,), ranks 0, 1, 2 have (4,)`."""
@@ -393,6 +429,14 @@ class _Verdict:
             if raised is not None:
                 add((1, raised.end_time or raised.start_time), rank, "raised", raised,
                     f"rank {rank.rank} raised in {raised.name}: {raised.status_description}{also(rank)}")
+        # 1b. Ranks with no file, when ranks with one wait for them or something went wrong: what they did
+        # is unknown, and those that wait are victims, never the culprit.
+        unexplained = [e for e in self.collectives if e["no_file"] and (e["waiting"] or e["failed"])]
+        if self.missing_ranks and (unexplained or any(r.state == "died" or r.failed for r in self.ranks.values())):
+            detail = self._no_file_text(unexplained)
+            for number in self.missing_ranks:
+                found.append(((1.5, number), {"rank": number, "reason": "no_file", "call": None, "seconds": None,
+                                              "detail": detail}))
         mismatched_ranks = {(m["group"], m["seq"], rank): m for m in self.mismatches for rank in m["odd"]}
         # 2. Missing from a collective others have waited in too long, not waiting for another itself.
         for rank_number, entries in missing_from.items():
@@ -457,17 +501,51 @@ class _Verdict:
 
     # -- the verdict -------------------------------------------------------
 
+    def waiting_for(self) -> dict | None:
+        """Under the threshold of a hang, in a live job: the longest wait in
+        a collective that a rank with a file has not entered yet, and what
+        that rank does meanwhile; None when no collective waits on a rank
+        for long: a twentieth of the threshold, at least a second (a healthy
+        job's collectives wait milliseconds)."""
+        least = max(1.0, self.hang_seconds / 20)
+        entries = [e for e in self.collectives if e["waiting"] and e["missing"] and not e["hang"]
+                   and e["seconds"] >= least]
+        if not entries:
+            return None
+        entry = max(entries, key=lambda e: e["seconds"])
+        return {"ranks": entry["missing"], "waiting": entry["waiting"], "op": entry["op"], "seq": entry["seq"],
+                "group": entry["group"] if "source" not in entry else None, "seconds": entry["seconds"],
+                "where": self._where(self.ranks[entry["missing"][0]]), "hang_at": self.hang_seconds}
+
+    def _where(self, rank: RankFile) -> str:
+        """Where a rank is, in a few words: `in layer.stuck for 39 s`, `waiting in all_reduce #4 of group tp`."""
+        call = rank.innermost([s for s in rank.in_flight if OP not in s.attributes])
+        if call is not None:
+            return f"in {call.name} for {_seconds_text(rank.seconds(call))}"
+        collective = rank.innermost([s for s in rank.in_flight if OP in s.attributes])
+        if collective is not None:
+            return f"waiting in {_op_text(collective)}"
+        return "in no recorded call"
+
     def sentence(self) -> str:
         if self.suspects:
             return self.suspects[0]["detail"]
         states = Counter(rank.state for rank in self.ranks.values())
         shown = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
+        absent = f"; no file for {_ranks_text(self.missing_ranks)}" if self.missing_ranks else ""
+        laggard = self.waiting_for()
+        if laggard is not None:
+            waiters = laggard["waiting"]
+            where = f"{laggard['op']} #{laggard['seq']}" + (f" of group {laggard['group']}" if laggard["group"] else "")
+            return (f"{_ranks_text(waiters)} {'have' if len(waiters) > 1 else 'has'} waited "
+                    f"{_seconds_text(laggard['seconds'])} in {where} for {_ranks_text(laggard['ranks'])} "
+                    f"({laggard['where']}); a hang at {self.hang_seconds:g} s{absent}")
         waiting = [entry for entry in self.collectives if entry["waiting"]]
         if waiting:
             longest = max(entry["seconds"] for entry in waiting)
             return (f"no suspect: {len(self.ranks)} ranks ({shown}); collectives in progress, the longest "
-                    f"wait {_seconds_text(longest)}, under the {self.hang_seconds:g} s that makes a hang")
-        return f"no suspect: {len(self.ranks)} ranks ({shown}), no collective waiting, none failed"
+                    f"wait {_seconds_text(longest)}, under the {self.hang_seconds:g} s that makes a hang{absent}")
+        return f"no suspect: {len(self.ranks)} ranks ({shown}), no collective waiting, none failed{absent}"
 
     def as_dict(self, job: str) -> dict[str, Any]:
         ranks = []
@@ -492,6 +570,7 @@ class _Verdict:
                 "failed": len(rank.failed), "last_collectives": last,
             })
         return {"job": job, "verdict": self.sentence(), "hang_seconds": self.hang_seconds, "ranks": ranks,
+                "world_size": self.world, "missing_ranks": self.missing_ranks, "waiting_for": self.waiting_for(),
                 "collectives": self.collectives,
                 "mismatches": [{k: v for k, v in m.items() if k != "time"} for m in self.mismatches],
                 "suspects": self.suspects}
