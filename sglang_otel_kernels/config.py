@@ -76,9 +76,10 @@ class KernelTraceConfig:
         reduction over them flags the replay's span has_nan / has_inf (a
         synchronisation per replay).
     hang_seconds: a kernel call in flight longer than this is exported by
-        the sidecar while the process still runs, marked hung, and the
-        report calls a collective waited on longer than this a hang; 0 turns
-        the early export off.
+        the sidecar while the process still runs, marked hung; a thread
+        that recorded calls and then none for this long gets its Python
+        stack into the trace file; the report calls a collective waited on
+        longer than this a hang; 0 turns the early export and the stacks off.
     """
 
     level: int = 0

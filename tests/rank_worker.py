@@ -15,11 +15,15 @@ rank misbehaves as SCENARIO says:
     abort      rank 2 aborts (SIGABRT) inside the kernel layer.boom
     mismatch   rank 3 all-reduces a tensor of another shape
     pipeline   rank 2 stops receiving (it believes there are fewer micro-batches) and idles
+    blocked    rank 2 blocks outside any decorated call, on a lock never released
+    frozen     rank 2 holds the GIL in C code (a foreign call that does not release it): no Python runs
 """
 
+import ctypes
 import datetime
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -52,6 +56,16 @@ def boom(x):
     os.abort()  # as an illegal memory access takes the process down
 
 
+def wait_for_nothing():
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()  # as on a lock another thread never releases
+
+
+def hold_the_gil():
+    ctypes.PyDLL(None).sleep(600)  # PyDLL keeps the GIL through the call
+
+
 def step(rank: int, world: int, number: int, scenario: str) -> None:
     faulty = number == FAULT_STEP
     if scenario == "pipeline":
@@ -72,6 +86,10 @@ def step(rank: int, world: int, number: int, scenario: str) -> None:
         if faulty and rank == 2 and scenario == "abort":
             boom(x)
         x = mlp(x)
+        if faulty and rank == 2 and scenario == "blocked":
+            wait_for_nothing()
+        if faulty and rank == 2 and scenario == "frozen":
+            hold_the_gil()
         if faulty and rank == 3 and scenario == "mismatch":
             x = torch.ones(8)
         dist.all_reduce(x)

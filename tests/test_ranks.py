@@ -374,3 +374,48 @@ def test_a_live_wait_under_the_threshold_names_the_rank_everyone_waits_for(jobs,
     assert made.returncode == 0, made.stderr
     html = page.read_text()
     assert '<p class="verdict waiting">ranks 0, 1, 3 have waited' in html and "no crash, no failure" not in html
+
+
+def test_a_rank_blocked_outside_any_kernel_is_shown_where_it_waits(jobs, tmp_path):
+    job = jobs(tmp_path, "blocked", SGLANG_KERNEL_API_HANG_SECONDS="2")
+    job.wait_until("the others in all_reduce #5, rank 2 in no call",
+                   lambda: all(job.in_flight(r) == [("torch.distributed.all_reduce", 5)] for r in (0, 1, 3))
+                   and job.in_flight(2) == [] and sok.read_trace_file(job.path(2)).stacks)
+    status, text, document = report(tmp_path, hang_seconds=2)
+    first = text.splitlines()[0]
+    assert first.startswith("rank 2 is in wait_for_nothing (rank_worker.py:") and \
+        " <- step (rank_worker.py:" in first and "silent for" in first, first
+    job.kill()
+    status, text, document = report(tmp_path)
+    first = text.splitlines()[0]
+    assert status == 1
+    assert re.match(r"rank 2 was in wait_for_nothing \(rank_worker\.py:\d+\) <- step \(rank_worker\.py:\d+\) <- "
+                    r"main \(rank_worker\.py:\d+\) when it died, silent for [\d.]+ s and never entered all_reduce #5 "
+                    r"of group default_pg, which ranks 0, 1, 3 waited in", first), first
+    [suspect] = document["cross_rank"]["suspects"]
+    assert suspect["rank"] == 2 and suspect["reason"] == "missing"
+    assert [frame["function"] for frame in suspect["stack"][:3]] == ["wait_for_nothing", "step", "main"]
+    assert suspect["stack"][0]["file"].endswith("rank_worker.py") and suspect["stack"][0]["line"] > 0
+    assert "its thread's stack when it went silent (innermost first):\n         wait_for_nothing (" in text
+    page = tmp_path / "report.html"
+    made = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path), "--html", str(page)],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 1, made.stderr  # a suspect, as in the text
+    assert "rank 2 was in wait_for_nothing (rank_worker.py:" in page.read_text()
+
+
+def test_a_rank_that_holds_the_gil_in_c_is_frozen_with_the_time_of_its_last_beat(jobs, tmp_path):
+    job = jobs(tmp_path, "frozen", SGLANG_KERNEL_API_HANG_SECONDS="2")
+    job.wait_until("the others in all_reduce #5", lambda: all(job.in_flight(r) == [("torch.distributed.all_reduce", 5)]
+                                                            for r in (0, 1, 3)))
+    heartbeat = lambda: sok.read_trace_file(job.path(2)).heartbeat  # noqa: E731
+    beat = heartbeat()
+    time.sleep(6.5)  # past the 5 s that make a stopped heartbeat a frozen process
+    assert heartbeat() == beat and job.alive()
+    status, text, document = report(tmp_path, hang_seconds=2)
+    first = text.splitlines()[0]
+    assert re.match(r"rank 2 is frozen: its heartbeat stopped at \d\d:\d\d:\d\d\.\d{6}, [\d.]+ s ago \(a thread holds "
+                    r"the GIL\) and never entered all_reduce #5 of group default_pg, which ranks 0, 1, 3 wait in", first), first
+    states = {rank["rank"]: rank["state"] for rank in document["cross_rank"]["ranks"]}
+    assert states == {0: "running", 1: "running", 2: "frozen", 3: "running"}
+    assert [f["state"] for f in document["files"] if f["path"] == job.path(2)] == ["frozen"]

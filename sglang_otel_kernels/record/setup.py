@@ -28,7 +28,7 @@ from .. import config as _config
 from .. import files
 from .._version import __version__
 from ..notices import warn, warn_failed_once
-from . import export, identity, processor, tracefile
+from . import export, identity, processor, silence, tracefile
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _attached: "weakref.WeakSet" = weakref.WeakSet()
@@ -240,6 +240,8 @@ def make_writer(cfg: "_config.KernelTraceConfig") -> "tracefile.TraceFileWriter 
         on_open=functools.partial(_on_open, cfg.faulthandler, cfg.export_sidecar, cfg.trace_file, cfg.trace_file_keep,
                                   cfg.hang_seconds),
         on_failure=_no_sidecar if cfg.export_sidecar else None,
+        # Where a thread that went silent waits, after as long as a hang takes (0: never).
+        on_beat=silence.SilentThreads(cfg.hang_seconds).check if cfg.hang_seconds > 0 else None,
     )
     writer.identity = identity.known()  # in the header: the ranks known when the file is created
     return writer

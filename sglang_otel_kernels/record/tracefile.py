@@ -49,7 +49,8 @@ all graphs within a 16th of the ring, the oldest dropped). When the ring
 wraps, a TABLE record holding all of them is written first, so every record
 the ring still holds can be resolved and a replayed graph's kernels named
 however long ago it was captured. A normal interpreter exit writes an EXIT
-record: a process that died has none. The table is
+record: a process that died has none. A thread silent for a while gets a
+STACK record from the heartbeat thread (record/silence.py). The table is
 bounded (count and bytes, relative to the ring): a name that finds it full,
 or is long, is written inline in its span's start record instead, so a
 stream of distinct names (request ids in span names) costs neither memory
@@ -166,6 +167,7 @@ MODE_KERNELS_ONLY = "kernels"
 IDENTITY = "I"  # (IDENTITY, {"rank": 0, "world_size": 8, "tp_rank": 0, "job": ...}): the process's ranks, all known so far
 EXIT = "Q"  # (EXIT, time): the interpreter exited normally (atexit ran); a process that died has none
 GRAPH = "G"  # (GRAPH, graph id, calls, calls left out): a CUDA graph's captured kernels, each (name, shapes, dtypes)
+STACK = "S"  # (STACK, thread ident, time, silent since, frames): where a thread silent for a while is, innermost first
 MAX_GRAPH_CALLS = 4096
 
 # A collective's attributes in a KERNEL_SPAN record: one tuple under one key
@@ -202,10 +204,14 @@ class _PerThread(threading.local):
     Python reuses the ident of a thread that ended for a new one."""
 
     def __init__(self) -> None:
-        self.state = [None, threading.get_ident(), None, 0]
+        ident = threading.get_ident()
+        self.state = thread_states[ident] = [None, ident, None, 0]
 
 
 NOTED, IDENT, CALL, CALLS = range(4)
+# Every thread's state by ident (the newest thread of an ident), for the
+# heartbeat's look at threads that went silent (record/silence.py).
+thread_states: dict[int, list] = {}
 per_thread = _PerThread()
 
 
@@ -256,6 +262,7 @@ class TraceFileWriter:
         metadata: dict | None = None,
         on_open: "Callable[[str], None] | None" = None,
         on_failure: "Callable[[], None] | None" = None,
+        on_beat: "Callable[[TraceFileWriter, int], None] | None" = None,
     ) -> None:
         self.template = template
         self.capacity = capacity - capacity % ALIGN
@@ -263,6 +270,7 @@ class TraceFileWriter:
         self.metadata = dict(metadata or {})
         self.on_open = on_open
         self.on_failure = on_failure
+        self.on_beat = on_beat  # called by the heartbeat thread with the time of each beat
         self.path: str | None = None
         self.failed = False
         self.dropped = 0
@@ -538,12 +546,20 @@ class TraceFileWriter:
 
     def _beat(self) -> None:
         """The heartbeat thread: the time into the header every HEARTBEAT_S
-        while the file is open (one 8-byte store; it ends with the file)."""
+        while the file is open (one 8-byte store; it ends with the file),
+        then `on_beat`."""
         while True:
             with self._lock:
                 if self._view is None:
                     return
-                ALIVE.pack_into(self._view, ALIVE_OFFSET, time.time_ns())
+                now = time.time_ns()
+                ALIVE.pack_into(self._view, ALIVE_OFFSET, now)
+            if self.on_beat is not None:
+                try:
+                    self.on_beat(self, now)
+                except Exception as exc:  # the heartbeat goes on whatever its watcher meets
+                    self.on_beat = None
+                    warn(f"the heartbeat's look at silent threads stopped ({type(exc).__name__}: {exc})")
             time.sleep(HEARTBEAT_S)
 
     def write_record(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack_into=RECORD_HEADER.pack_into,
@@ -736,6 +752,8 @@ def _after_fork_in_child() -> None:
     # The forking thread, now the child's only one, names itself in the child's file.
     state = per_thread.state
     state[NOTED], state[IDENT] = None, threading.get_ident()
+    thread_states.clear()
+    thread_states[state[IDENT]] = state
     for writer in list(_writers):
         writer.after_fork_in_child()
 

@@ -38,6 +38,7 @@ from .reader import RecoveredSpan, TraceFileContents
 # Ops whose tensors may differ in size from rank to rank (uneven splits).
 _UNEVEN = ("all_to_all", "all_to_all_single", "all_gatherv", "reduce_scatterv")
 MAX_MISMATCHES = 20
+STACK_LINES = 12  # frames of a suspect's stack the text lists
 
 
 def rank_of(contents: TraceFileContents) -> int | None:
@@ -72,6 +73,38 @@ def _job_key(contents: TraceFileContents) -> str:
     return str(job) if job else f"world size {world}" if world is not None else "unknown job"
 
 
+# A live process whose heartbeat (once a second) is older than this is
+# frozen: a thread holds the GIL (in C code) and no Python runs.
+FROZEN_NS = int(5e9)
+
+
+def state_of(contents: TraceFileContents, now: int) -> str:
+    """running, frozen (alive, its heartbeat stopped), ended (exited normally) or died."""
+    if contents.live:
+        return "frozen" if contents.heartbeat and now - contents.heartbeat > FROZEN_NS else "running"
+    return "ended" if contents.exited else "died"
+
+
+def silent_stack(contents: TraceFileContents, kernels: list[RecoveredSpan]) -> "tuple | None":
+    """(frames, silent since) of the thread that made the newest kernel
+    call, where it waited after its last record, if the heartbeat wrote it."""
+    if not kernels or not contents.stacks:
+        return None
+    thread = max(kernels, key=lambda span: span.end_time or span.start_time).thread_id
+    found = contents.stacks.get(thread)
+    if found is None:
+        return None
+    written, since, frames = found
+    active = max((span.end_time or span.start_time) for span in kernels if span.thread_id == thread)
+    # A stack written before the thread's newest record is out of date: it did something since.
+    return (frames, max(since, active)) if written >= active and frames else None
+
+
+def stack_text(frames: tuple, shown: int = 3) -> str:
+    """`wait_for_nothing (job.py:41) <- step (job.py:60)`: the innermost frames."""
+    return " <- ".join(f"{function} ({os.path.basename(file)}:{line})" for file, line, function in frames[:shown])
+
+
 class RankFile:
     """One rank's file, with what the verdict needs of it."""
 
@@ -82,8 +115,9 @@ class RankFile:
         self.path = contents.path
         # Running times end now for a live process, else at its last sign of life.
         self.now = now if contents.live else contents.last_alive
-        self.state = "running" if contents.live else "ended" if contents.exited else "died"
+        self.state = state_of(contents, now)
         self.kernels = [span for span in contents.spans if NAME in span.attributes]
+        self.stack = silent_stack(contents, self.kernels)
         self.in_flight = [span for span in self.kernels if span.in_flight]
         self.failed = [span for span in self.kernels if not span.in_flight and span.status_code == "ERROR"]
         # (group, ranks) or ("p2p", group, ranks, src, dst, tag) -> {seq: span}
@@ -327,17 +361,35 @@ class _Verdict:
     def _hung_waits(self, rank: int) -> list[tuple]:
         return [wait for wait in self.waits.get(rank, ()) if wait[2]["hang"]]
 
+    @staticmethod
+    def _frozen(rank: RankFile) -> str:
+        beat = rank.contents.heartbeat
+        return (f"frozen: its heartbeat stopped at {timestamp(beat, date=False)}, "
+                f"{_seconds_text((rank.now - beat) / 1e9)} ago (a thread holds the GIL)")
+
     def _doing(self, rank: RankFile) -> str:
-        """What a rank does instead of joining: its call in flight, or its state."""
+        """What a rank does instead of joining: its call in flight, where it
+        waits silently (the heartbeat's stack), or its state."""
+        alive = rank.state in ("running", "frozen")
+        frozen = f"; {self._frozen(rank)}" if rank.state == "frozen" else ""
         call = rank.innermost([s for s in rank.in_flight if OP not in s.attributes])
         if call is not None:
             running = _seconds_text(rank.seconds(call))
-            if rank.state == "running":
-                return f"is stuck in {call.name} (running {running})"
+            if alive:
+                return f"is stuck in {call.name} (running {running}{frozen})"
             return f"was in {call.name} when it {'died' if rank.state == 'died' else 'exited'} (running {running})"
         collective = rank.innermost([s for s in rank.in_flight if OP in s.attributes])
         if collective is not None:
-            return f"waits in {_op_text(collective)} (running {_seconds_text(rank.seconds(collective))})"
+            return f"waits in {_op_text(collective)} (running {_seconds_text(rank.seconds(collective))}{frozen})"
+        if rank.stack is not None:
+            frames, since = rank.stack
+            silent = _seconds_text(max(rank.now - since, 0) / 1e9)
+            if alive:
+                return f"is in {stack_text(frames)}, silent for {silent}{frozen}"
+            return f"was in {stack_text(frames)} when it {'died' if rank.state == 'died' else 'exited'}, " \
+                   f"silent for {silent}"
+        if rank.state == "frozen":
+            return f"is {self._frozen(rank)}"
         if rank.state == "died":
             return f"died with no call in flight (last alive at {timestamp(rank.contents.last_alive, date=False)})"
         if rank.state == "ended":
@@ -389,8 +441,12 @@ class _Verdict:
         found: list[tuple[tuple, dict]] = []  # (order, suspect)
 
         def add(order: tuple, rank: RankFile, reason: str, call: RecoveredSpan | None, detail: str) -> None:
-            found.append((order, {"rank": rank.rank, "reason": reason, "call": call.name if call else None,
-                                  "seconds": round(rank.seconds(call), 1) if call else None, "detail": detail}))
+            suspect = {"rank": rank.rank, "reason": reason, "call": call.name if call else None,
+                       "seconds": round(rank.seconds(call), 1) if call else None, "detail": detail}
+            if rank.stack is not None:  # where its thread waited once it recorded nothing more
+                suspect["stack"] = [{"function": function, "file": file, "line": line}
+                                    for file, line, function in rank.stack[0]]
+            found.append((order, suspect))
 
         missing_from = defaultdict(list)  # rank -> hung entries it never entered
         for waiter, waits in self.waits.items():
@@ -617,4 +673,10 @@ def render(verdict: dict) -> list[str]:
         lines.append("  suspects, most likely first:")
         for number, suspect in enumerate(verdict["suspects"], 1):
             lines.append(f"    {number}. rank {suspect['rank']} ({suspect['reason']}): {suspect['detail']}")
+            stack = suspect.get("stack") or []
+            if stack:
+                lines.append("       its thread's stack when it went silent (innermost first):")
+            lines.extend(f"         {frame['function']} ({frame['file']}:{frame['line']})" for frame in stack[:STACK_LINES])
+            if len(stack) > STACK_LINES:
+                lines.append(f"         ... and {len(stack) - STACK_LINES} more frames (report --json has them all)")
     return lines

@@ -99,6 +99,8 @@ class TraceFileContents:
     heartbeat: int = 0  # when the writer last said it was alive (ns; 0: unknown), also while it hangs
     exited: bool = False  # the interpreter exited normally (an EXIT record): not killed, not crashed
     died: int = 0  # when the writer died of a fatal signal, from its traceback file (ns; 0: unknown)
+    # Where its threads were once silent for a while: ident -> (when written, silent since, frames innermost first)
+    stacks: dict = dataclasses.field(default_factory=dict)
     # CUDA graphs the file names: id -> (their captured calls, each (name, input shapes, input dtypes), calls left out)
     graphs: dict = dataclasses.field(default_factory=dict)
 
@@ -318,7 +320,8 @@ def _parse(path: str, data) -> TraceFileContents:
         problems.append(f"{len(assembler.unsure)} span start(s) from before a break in the ring, whose end may have "
                         "been overwritten, were left out (not counted as in flight)")
     return TraceFileContents(path, metadata, spans, len(entries), skipped, problems, last_time,
-                             heartbeat=heartbeat, exited=assembler.exited, graphs=assembler.graph_calls())
+                             heartbeat=heartbeat, exited=assembler.exited, graphs=assembler.graph_calls(),
+                             stacks=assembler.stacks)
 
 
 def with_gaps(entries: list[tuple[int, int, tuple]]) -> list[tuple]:
@@ -487,6 +490,9 @@ def _content(payload: bytes, encoding: int):
         return None if identity is None else (fmt.IDENTITY, identity)
     if kind == fmt.EXIT and len(record) == 2 and _is_time(record[1]):
         return record
+    if kind == fmt.STACK and len(record) == 5 and _is_u64(record[1]) and _is_time(record[2]) and _is_time(record[3]):
+        frames = _frames(record[4])
+        return None if frames is None else (fmt.STACK, record[1], record[2], record[3], frames)
     if (kind == fmt.FAILURE and len(record) == 4 and type(record[1]) is int
             and type(record[2]) is str and type(record[3]) is str):
         return (fmt.FAILURE, record[1], utf8(record[2]), utf8(record[3]))
@@ -519,6 +525,22 @@ def _symbol(value):
     if type(value) is tuple and len(value) == 2 and all(type(part) is str for part in value):
         return (utf8(value[0]), utf8(value[1]))
     return None
+
+
+_MAX_FRAMES = 64
+
+
+def _frames(value) -> "tuple | None":
+    """A STACK record's frames, each (file, line, function), at most _MAX_FRAMES; None when malformed."""
+    if type(value) is not tuple or len(value) > _MAX_FRAMES:
+        return None
+    frames = []
+    for frame in value:
+        if not (type(frame) is tuple and len(frame) == 3 and type(frame[0]) is str and type(frame[1]) is int
+                and type(frame[2]) is str and 0 <= frame[1] < 1 << 31):
+            return None
+        frames.append((utf8(frame[0][-256:]), frame[1], utf8(frame[2][:256])))
+    return tuple(frames)
 
 
 def _graph(calls, left_out) -> "tuple | None":
@@ -780,6 +802,7 @@ class Assembler:
         self.identity: dict = {}  # the process's ranks learnt after its file was created
         self.exited = False  # an EXIT record: the interpreter exited normally
         self.graphs: dict = {}  # CUDA graph id -> (its captured calls, names as in the file; calls left out)
+        self.stacks: dict = {}  # thread ident -> (time, silent since, frames): its newest STACK record
 
     def add(self, record: tuple) -> "tuple | None":
         """Takes one record; returns (start, end) when it ends a span or call."""
@@ -836,6 +859,8 @@ class Assembler:
         elif kind == fmt.EXIT:
             self.exited = True
             self.last_time = max(self.last_time, record[1])
+        elif kind == fmt.STACK:
+            self.stacks[record[1]] = record[2:]
         return None
 
     def span(self, start: tuple, end: "tuple | None") -> RecoveredSpan:

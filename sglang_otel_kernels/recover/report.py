@@ -13,7 +13,7 @@ from ..record.tracefile import traceback_path
 from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY,
                       GRAPH_SUSPECT, INPUT_PREFIX, NAME, NONFINITE_REQUESTS, PREFIX, REPLAY_NAME, REQUEST_ID, SEQ)
 from .digest import Digest, add_counts, digest, produced_nonfinite
-from .ranks import cross_rank, rank_of, timestamp
+from .ranks import cross_rank, rank_of, state_of, timestamp
 from .ranks import render as render_verdict
 from .reader import RecoveredSpan, TraceFileContents, read_text
 from .stacks import tidy_stacks
@@ -215,7 +215,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
         "cross_rank_jobs": jobs,
         "files": [
             {"path": c.path, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"), "running": c.live,
-             "state": "running" if c.live else "ended" if c.exited else "died",
+             "state": state_of(c, now),
              "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
              "spans": item.spans, "problems": c.problems}
             for item, c in zip(digests, contents)
