@@ -251,6 +251,45 @@ def _follow(options) -> int:
     return 0
 
 
+def _watch(options) -> int:
+    import os
+    import signal
+    import threading
+
+    from opentelemetry.sdk.resources import Resource
+
+    from .record.export import otlp_endpoint
+    from .recover.replay import make_exporter
+    from .recover.watch import watch
+
+    if not 0 < options.interval < float("inf") or options.timeout <= 0:
+        raise _Failure("--interval and --timeout must be more than 0")
+    if not 0 <= options.hang_seconds < float("inf"):
+        raise _Failure("--hang-seconds must be 0 or more")
+    missing = [path for path in options.paths if not os.path.exists(path)]
+    if missing:
+        raise _Failure(f"{missing[0]}: no such file or directory")
+    exporter = target = None
+    if options.endpoint or otlp_endpoint():
+        try:
+            exporter, target = make_exporter(options.endpoint, options.protocol, options.timeout)
+        except ValueError as exc:
+            raise _Failure(str(exc)) from None
+    stop = threading.Event()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: stop.set())
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "sglang"})
+    print(f"watching {', '.join(options.paths)}: the verdict every {options.interval:g} s, "
+          + (f"each new one exported to {target}" if exporter else "printed only (no OTLP endpoint)"), flush=True)
+    try:
+        watch(options.paths, interval=options.interval, hang_seconds=options.hang_seconds, stop=stop,
+              exporter=exporter, resource=resource, say=lambda line: print(line, flush=True))
+    finally:
+        if exporter is not None:
+            exporter.shutdown()
+    return 0
+
+
 def _demo(options) -> int:
     from .demo import run
 
@@ -391,6 +430,25 @@ def build_parser() -> argparse.ArgumentParser:
                         help="export a kernel call running this long, marked hung, while the process lives; "
                              "0: never (default: SGLANG_KERNEL_API_HANG_SECONDS, else 60)")
     follow.set_defaults(handler=_follow)
+    watch = _command(
+        commands, "watch", "follow a live job's trace files and say each new cross-rank verdict, also through OTLP",
+        "Follows the trace files of a live job (files, or directories of them: one node's, or a shared\n"
+        "one), makes the cross-rank verdict again every --interval seconds, prints each new verdict as\n"
+        "one line and exports it through OTLP (a span sglang.verdict, ERROR when it names a suspect,\n"
+        "linked to the suspect's call in flight; the standard OTEL_* variables, or --endpoint). Files\n"
+        "no live process writes are left alone. Stops on SIGTERM or Ctrl-C.",
+        "0 stopped by SIGTERM or Ctrl-C; " + _EXIT_USAGE)
+    watch.add_argument("paths", nargs="+", metavar="PATH", help="trace files, or directories of them")
+    watch.add_argument("--interval", type=float, default=5.0, help="seconds between verdicts (default 5)")
+    watch.add_argument("--hang-seconds", type=float, default=_default_hang_seconds(), metavar="S",
+                       help="a collective waited on this long is a hang (default: SGLANG_KERNEL_API_HANG_SECONDS, "
+                            "else 60)")
+    watch.add_argument("--endpoint", help="OTLP endpoint URL (default: OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT; "
+                                          "neither: the verdicts are printed only)")
+    watch.add_argument("--protocol", choices=("grpc", "http/protobuf"),
+                       help="default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc")
+    watch.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the back end (default 10)")
+    watch.set_defaults(handler=_watch)
     run = _command(
         commands, "run", "run a command with SGLang's kernel logging (and SGLANG_KERNEL_API_INSTRUMENT) recorded by "
                          "this package in all its Python processes",

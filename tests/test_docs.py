@@ -174,7 +174,7 @@ def test_the_cli_page_is_each_subcommands_help():
     page = open(os.path.join(ROOT, "docs", "cli.md")).read()
     shown = re.findall(r"^```text\n(.*?)\n```$", page, flags=re.MULTILINE | re.DOTALL)
     env = dict(os.environ, COLUMNS="100")
-    commands = [[]] + [[name] for name in ("demo", "report", "replay", "export", "rerun", "follow", "run")]
+    commands = [[]] + [[name] for name in ("demo", "report", "replay", "export", "rerun", "follow", "watch", "run")]
     helps = [subprocess.run([sys.executable, "-m", "sglang_otel_kernels", *command, "--help"], env=env,
                             capture_output=True, text=True, timeout=60).stdout.rstrip() for command in commands]
     assert shown == helps

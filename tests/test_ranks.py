@@ -419,3 +419,51 @@ def test_a_rank_that_holds_the_gil_in_c_is_frozen_with_the_time_of_its_last_beat
     states = {rank["rank"]: rank["state"] for rank in document["cross_rank"]["ranks"]}
     assert states == {0: "running", 1: "running", 2: "frozen", 3: "running"}
     assert [f["state"] for f in document["files"] if f["path"] == job.path(2)] == ["frozen"]
+
+
+def test_watch_says_each_new_verdict_and_puts_it_in_jaeger_through_the_shipped_collector(jobs, tmp_path):
+    from backends import Collector
+
+    ensure_built()
+    jaeger = Jaeger(tmp_path)
+    collector = Collector(tmp_path, jaeger, 100, str(tmp_path / "archive" / "kernels.jsonl"))
+    watcher = None
+    try:
+        job = jobs(tmp_path, "stuck", OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
+                   OTEL_SERVICE_NAME="ranks-watch", SGLANG_KERNEL_API_HANG_SECONDS="2")
+        watcher = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "watch", str(tmp_path), "--interval", "1",
+                                    "--hang-seconds", "2"], env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                                                                          OTEL_EXPORTER_OTLP_INSECURE="true",
+                                                                          OTEL_SERVICE_NAME="ranks-watch"),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert watcher.stdout.readline().startswith(f"watching {tmp_path}: the verdict every 1 s, each new one exported")
+        lines = []
+        deadline = time.monotonic() + 90
+        while not any("rank 2 is stuck in layer.stuck" in line for line in lines):
+            assert time.monotonic() < deadline, lines
+            lines.append(watcher.stdout.readline())
+        assert re.match(r"\d\d:\d\d:\d\d\.\d{6} job tcp://127\.0\.0\.1:\d+: rank 2 is stuck in layer\.stuck \(running ",
+                        lines[-1]), lines
+        assert job.alive()
+
+        def verdict_in_jaeger():  # the hang's (an earlier one may say that the others wait for rank 2)
+            found = [span for trace_id in jaeger.search("ranks-watch", {"sglang.verdict.reason": "missing"})
+                     for span in jaeger.trace(trace_id)["spans"] if span["operationName"] == "sglang.verdict"]
+            return found or None
+
+        [verdict] = wait("the verdict in Jaeger", verdict_in_jaeger, timeout=60)
+        tags = _tags(verdict)
+        assert (tags["sglang.verdict.rank"], tags["sglang.verdict.call"], tags["error"]) == (2, "layer.stuck", True)
+        assert tags["sglang.verdict.detail"].startswith("rank 2 is stuck in layer.stuck") and tags["sglang.verdict.seconds"] >= 2
+        assert tags["sglang.job"].startswith("tcp://127.0.0.1:")
+        # Linked to rank 2's call in flight, the span the hung export sits in.
+        [stuck] = [s for s in job.spans(2) if s.in_flight and s.name == "layer.stuck"]
+        assert {(int(ref["traceID"], 16), int(ref["spanID"], 16)) for ref in verdict["references"]
+                if ref["refType"] == "FOLLOWS_FROM"} == {(stuck.trace_id, stuck.span_id)}
+        watcher.send_signal(signal.SIGTERM)
+        assert watcher.wait(timeout=30) == 0, watcher.stderr.read()
+    finally:
+        if watcher is not None and watcher.poll() is None:
+            watcher.kill()
+        collector.close()
+        jaeger.close()

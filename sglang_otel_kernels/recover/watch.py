@@ -1,0 +1,201 @@
+"""`sglang-otel-kernels watch PATH...`: the cross-rank verdict of a live job,
+kept up to date where a team looks.
+
+Each live trace file under the paths (one node's files, or a directory all
+nodes write to) is followed as it is written (recover/follow.py's
+RingFollower): the calls the verdict needs are kept, bounded (the calls in
+flight, the newest ended ones, each group's newest collectives, the failed
+ones), and every `interval` the verdict of each job (recover/ranks.py) is
+made again. A verdict that changed (its suspects, who everyone waits for,
+the ranks without a file) is printed as one line and exported through OTLP
+as a span `sglang.verdict` (ERROR when it names a suspect) with the suspect,
+why, its call, for how long and the sentence, linked to the suspect's call
+in flight, so the verdict sits in Jaeger beside the hung spans it explains.
+Files that no live process writes when found are left alone: the watch is
+about a job that runs (a job that dies while watched gets its last verdict).
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import random
+import threading
+import time
+from typing import Callable
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from .._version import __version__
+from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, NAME, TRACER_NAME
+from .follow import RingFollower
+from .ranks import cross_rank, timestamp
+from .reader import Assembler, RecoveredSpan, TraceFileContents, TraceFileError, death_time, read_heartbeat, writer_alive
+from .replay import delivered
+
+VERDICT = "sglang.verdict"
+NEWEST_CALLS = 200  # ended kernel calls a file keeps for the verdict (it reads the newest)
+NEWEST_PER_GROUP = 64  # ended collectives of each group and pair
+NEWEST_FAILED = 256
+_SCOPE = InstrumentationScope(TRACER_NAME, __version__)
+
+
+class LiveFile:
+    """One rank's trace file followed as it is written, with what the
+    verdict needs of it (bounded whatever the file holds)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.follower = RingFollower(path)
+        self.assembler = Assembler()
+        self.calls: collections.deque = collections.deque(maxlen=NEWEST_CALLS)
+        self.failed: collections.deque = collections.deque(maxlen=NEWEST_FAILED)
+        self.groups: dict[tuple, collections.deque] = {}
+
+    def poll(self) -> None:
+        for record in self.follower.poll():
+            pair = self.assembler.add(record)
+            if pair is None:
+                continue
+            span = self.assembler.span(*pair)
+            attributes = span.attributes
+            if NAME not in attributes:
+                continue
+            if COLLECTIVE_OP in attributes:
+                key = (attributes.get(COLLECTIVE_GROUP), attributes[COLLECTIVE_OP], attributes.get(COLLECTIVE_PEER))
+                group = self.groups.get(key)
+                if group is None:
+                    group = self.groups[key] = collections.deque(maxlen=NEWEST_PER_GROUP)
+                group.append(span)
+            else:
+                self.calls.append(span)
+            if span.status_code == "ERROR":
+                self.failed.append(span)
+
+    def contents(self) -> TraceFileContents:
+        """What the file holds for the verdict now: the kept calls and those in flight."""
+        assembler = self.assembler
+        kept = {span.span_id: span for span in (*self.calls, *self.failed,
+                                                 *(span for group in self.groups.values() for span in group))}
+        kept.update((span.span_id, span) for span in assembler.in_flight() if NAME in span.attributes)
+        metadata = dict(self.follower.metadata)
+        if assembler.identity:
+            metadata["ranks"] = {**(metadata.get("ranks") if isinstance(metadata.get("ranks"), dict) else {}),
+                                 **assembler.identity}
+        contents = TraceFileContents(
+            self.path, metadata, sorted(kept.values(), key=lambda span: span.start_time), records=0, skipped=0,
+            problems=[], last_time=assembler.last_time, live=writer_alive(self.path),
+            heartbeat=read_heartbeat(self.follower.data), exited=assembler.exited, stacks=dict(assembler.stacks))
+        if not contents.live and not contents.exited:
+            contents.died = death_time(self.path, contents.last_alive)
+        return contents
+
+    def close(self) -> None:
+        self.follower.close()
+
+
+def trace_files(paths: list[str]) -> list[str]:
+    """The trace files a watch looks at: those named, and every `*.sgltrace` of a directory named."""
+    found = []
+    for path in paths:
+        if os.path.isdir(path):
+            found.extend(sorted(glob.glob(os.path.join(glob.escape(path), "*.sgltrace"))))
+        else:
+            found.append(path)
+    return found
+
+
+def _key(verdict: dict) -> tuple:
+    """What makes a verdict new: its suspects, who the others wait for, which ranks have no file."""
+    waiting = verdict.get("waiting_for")
+    return (tuple((s["rank"], s["reason"], s["call"]) for s in verdict["suspects"]),
+            tuple(waiting["ranks"]) if waiting else (), tuple(verdict.get("missing_ranks") or ()))
+
+
+def verdict_span(verdict: dict, contents: list[TraceFileContents], now: int, resource: Resource) -> ReadableSpan:
+    """The span `sglang.verdict` of a new verdict: ERROR with its first
+    suspect, linked to that rank's call in flight."""
+    attributes = {"sglang.job": str(verdict["job"]), "sglang.verdict.detail": verdict["verdict"]}
+    links = []
+    status = Status(StatusCode.UNSET)
+    suspect = verdict["suspects"][0] if verdict["suspects"] else None
+    waiting = verdict.get("waiting_for")
+    if suspect is not None:
+        status = Status(StatusCode.ERROR, verdict["verdict"][:1000])
+        attributes.update({"sglang.verdict.rank": suspect["rank"], "sglang.verdict.reason": suspect["reason"],
+                           "sglang.verdict.suspects": len(verdict["suspects"])})
+        if suspect["call"] is not None:
+            attributes["sglang.verdict.call"] = suspect["call"]
+        if suspect["seconds"] is not None:
+            attributes["sglang.verdict.seconds"] = float(suspect["seconds"])
+        files = {rank["file"] for rank in verdict["ranks"] if rank["rank"] == suspect["rank"]}
+        for content in contents:
+            if content.path in files:
+                links += [Link(SpanContext(span.trace_id, span.span_id, True, TraceFlags(1)),
+                               {"sglang.rank": suspect["rank"]})
+                          for span in content.spans if span.in_flight and span.name == suspect["call"]][:8]
+    elif waiting is not None:
+        attributes.update({"sglang.verdict.rank": waiting["ranks"][0], "sglang.verdict.reason": "waited_for",
+                           "sglang.verdict.seconds": float(waiting["seconds"])})
+    else:
+        attributes["sglang.verdict.reason"] = "none"
+    context = SpanContext(random.getrandbits(128) or 1, random.getrandbits(64) or 1, False, TraceFlags(1))
+    return ReadableSpan(VERDICT, context=context, parent=None, resource=resource, attributes=attributes, links=links,
+                        kind=SpanKind.INTERNAL, status=status, start_time=now, end_time=now,
+                        instrumentation_scope=_SCOPE)
+
+
+def watch(paths: list[str], *, interval: float, hang_seconds: float, stop: threading.Event,
+          exporter: SpanExporter | None = None, resource: Resource | None = None,
+          say: Callable[[str], None] = print, on_verdicts: Callable[[list[dict]], None] | None = None) -> int:
+    """Watches until `stop` is set; returns how many new verdicts it saw.
+    `on_verdicts` gets every evaluation's verdicts (the metrics)."""
+    resource = resource or Resource.create({})
+    followed: dict[str, LiveFile] = {}
+    ignored: set[str] = set()  # files no live process wrote when found
+    jobs_seen_live: set = set()
+    said: dict = {}
+    new = 0
+    failed_once = False
+    try:
+        while True:
+            for path in trace_files(paths):
+                if path in followed or path in ignored:
+                    continue
+                if not writer_alive(path):
+                    ignored.add(path)
+                    continue
+                try:
+                    followed[path] = LiveFile(path)
+                except TraceFileError:
+                    continue  # being created: the next round
+            for live in followed.values():
+                live.poll()
+            contents = [live.contents() for live in followed.values()]
+            now = time.time_ns()
+            verdicts = cross_rank(contents, hang_seconds, now)
+            for verdict in verdicts:
+                if any(rank["state"] in ("running", "frozen") for rank in verdict["ranks"]):
+                    jobs_seen_live.add(verdict["job"])
+                if verdict["job"] not in jobs_seen_live or said.get(verdict["job"]) == _key(verdict):
+                    continue
+                said[verdict["job"]] = _key(verdict)
+                new += 1
+                say(f"{timestamp(now, date=False)} job {verdict['job']}: {verdict['verdict']}")
+                if exporter is not None and not delivered(exporter, [verdict_span(verdict, contents, now, resource)]):
+                    if not failed_once:
+                        failed_once = True
+                        say("(the OTLP back end did not take the verdict; it is printed here, and tried again "
+                            "with the next one)")
+            if on_verdicts is not None:
+                on_verdicts(verdicts)
+            if stop.wait(interval):
+                return new
+    finally:
+        for live in followed.values():
+            live.close()
