@@ -97,22 +97,42 @@ def _report(options) -> int:
     import gc
     import json
 
-    from .recover.digest import merge_processes, read_digests
+    from .recover.digest import digest, merge_processes, read_digests
     from .recover.report import build_report, render_text
 
     if options.last < 0:
         raise _Failure("--last must be 0 or more")
     if not 0 <= options.hang_seconds < float("inf"):
         raise _Failure("--hang-seconds must be 0 or more")
+    if not options.paths and not options.jaeger:
+        raise _Failure("report: give trace files (PATH...), --jaeger URL, or both")
+    if options.jaeger and not options.service:
+        raise _Failure("--jaeger needs --service: the service the job's spans were sent as (OTEL_SERVICE_NAME)")
+    if options.limit <= 0:
+        raise _Failure("--limit must be more than 0")
     # What is read lives until the command ends, millions of objects and no
     # cycle among them: collections would only walk them again and again.
     gc.disable()
-    files = _files(options.paths)
-    digests = merge_processes(_kept(read_digests(_load, [path for path, _ in files], options.last), files), options.last)
+    digests = []
+    if options.paths:
+        files = _files(options.paths)
+        digests = merge_processes(_kept(read_digests(_load, [path for path, _ in files], options.last), files),
+                                  options.last)
+    if options.jaeger:
+        from .recover.jaeger_source import parse_duration, read_jaeger
+        from .recover.reader import TraceFileError
+
+        try:
+            since = parse_duration(options.since)
+            digests += [digest(contents, options.last) for contents in
+                        read_jaeger(options.jaeger, options.service, since, options.limit)]
+        except (ValueError, TraceFileError) as exc:
+            raise _Failure(str(exc)) from None
     # An archive holds other services' spans too (Jaeger's own, where it traces itself): not a process of ours.
-    ours = [item for item in digests if item.summary or item.contents.metadata.get("format") != "OTLP JSON"]
+    ours = [item for item in digests
+            if item.summary or item.contents.metadata.get("format") not in ("OTLP JSON", "Jaeger")]
     if not ours:
-        raise _Failure(f"no kernel calls in {len(digests)} process(es) of the OTLP JSON files given")
+        raise _Failure(f"no kernel calls in {len(digests)} process(es) of the OTLP JSON files or Jaeger traces given")
     report = build_report(ours, last=options.last, hang_seconds=options.hang_seconds)
     report["skipped_processes"] = len(digests) - len(ours)
     contents = [item.contents for item in ours]
@@ -339,18 +359,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo)
     report = _command(
         commands, "report", "what the trace files say about a crash: calls in flight, their inputs and requests",
-        "Prints what trace files (or OTLP JSON archives) say about how their processes ended: the kernel\n"
-        "calls in flight at a crash with their inputs and requests, failed calls, the first NaN/Inf\n"
-        "producer, the last calls, and a verdict over the ranks of a job.",
+        "Prints what trace files (or OTLP JSON archives, or the spans Jaeger holds: --jaeger) say about\n"
+        "how their processes ended: the kernel calls in flight at a crash with their inputs and requests,\n"
+        "failed calls, the first NaN/Inf producer, the last calls, and a verdict over the ranks of a job.",
         "0 no call was in flight when a process died, none failed, and the ranks show no suspect\n"
         "(calls running in a live process are no crash); 1 calls in flight when a process died, failed\n"
         "calls, or a suspect rank (a hang, a mismatch); " + _EXIT_USAGE)
-    report.add_argument("paths", nargs="+", metavar="PATH",
+    report.add_argument("paths", nargs="*", metavar="PATH",
                         help="trace files (one per rank merge by time), OTLP JSON files, or directories of them")
     report.add_argument("--last", type=int, default=10, metavar="N", help="completed calls to list (default 10)")
     report.add_argument("--hang-seconds", type=float, default=_default_hang_seconds(), metavar="S",
                         help="in a live job, a collective waited on this long is a hang (default: "
                              "SGLANG_KERNEL_API_HANG_SECONDS, else 60; in a dead job every wait counts)")
+    report.add_argument("--jaeger", metavar="URL",
+                        help="also (or instead) read the spans Jaeger holds: its query address, e.g. "
+                             "http://127.0.0.1:16686 (every node's ranks in one verdict, no file needed)")
+    report.add_argument("--service", metavar="NAME", help="with --jaeger: the service the spans were sent as")
+    report.add_argument("--since", default="1h", metavar="DURATION",
+                        help="with --jaeger: how far back, e.g. 30m, 2h, 1d (default 1h)")
+    report.add_argument("--limit", type=int, default=1000, metavar="N",
+                        help="with --jaeger: the newest N traces at most (default 1000)")
     report.add_argument("--json", action="store_true", help="print the report as one JSON document")
     report.add_argument("--html", metavar="OUT",
                         help="write the report as one self-contained HTML page (timeline per thread, "

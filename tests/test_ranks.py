@@ -467,3 +467,48 @@ def test_watch_says_each_new_verdict_and_puts_it_in_jaeger_through_the_shipped_c
             watcher.kill()
         collector.close()
         jaeger.close()
+
+
+def test_report_from_jaeger_alone_names_the_rank_and_its_kernel_after_the_files_are_gone(jobs, tmp_path):
+    ensure_built()
+    jaeger = Jaeger(tmp_path)
+    try:
+        job = jobs(tmp_path, "stuck", OTEL_EXPORTER_OTLP_ENDPOINT=f"http://{jaeger.otlp}",
+                   OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_SERVICE_NAME="ranks-jaeger")
+        job.wait_until("rank 2 stuck, the others in all_reduce #5", lambda: job.in_flight(2) == [("layer.stuck", None)]
+                       and all(job.in_flight(r) == [("torch.distributed.all_reduce", 5)] for r in (0, 1, 3)))
+        time.sleep(2)  # stuck a while
+        job.kill()
+        wait("the four calls in flight in Jaeger", lambda: len(jaeger.search("ranks-jaeger",
+                                                                          {"sglang.kernel.in_flight": "true"})) >= 1
+             and _in_flight_in_jaeger(jaeger) >= 4, timeout=60)
+        for path in tmp_path.glob("trace_*"):
+            path.unlink()  # nothing on disk: Jaeger alone
+        proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--jaeger", jaeger.query,
+                               "--service", "ranks-jaeger", "--since", "10m", "--json"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        verdict = json.loads(proc.stdout)["cross_rank"]
+        # As the files said it (the running time up to the last sign of life the sidecar exported).
+        assert re.fullmatch(r"rank 2 died in layer\.stuck \(running [1-9][\d.]* s when it was last alive\); it never "
+                            r"entered all_reduce #5 of group default_pg, which ranks 0, 1, 3 waited in",
+                            verdict["verdict"]), verdict["verdict"]
+        assert [(s["rank"], s["call"]) for s in verdict["suspects"]] == [(2, "layer.stuck")]
+        assert sorted(rank["rank"] for rank in verdict["ranks"]) == [0, 1, 2, 3]
+        text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--jaeger", jaeger.query,
+                               "--service", "ranks-jaeger"], capture_output=True, text=True, timeout=120).stdout
+        assert "layer.stuck  (rank 2, pid " in text
+        # Garbage, or no Jaeger there: one line and exit 2.
+        for url in (f"http://127.0.0.1:{port()}", f"{jaeger.query}/api/services#"):
+            bad = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--jaeger", url, "--service",
+                                  "ranks-jaeger"], capture_output=True, text=True, timeout=120)
+            assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    finally:
+        jaeger.close()
+
+
+def _in_flight_in_jaeger(jaeger) -> int:
+    return sum(1 for trace_id in jaeger.search("ranks-jaeger", {"sglang.kernel.in_flight": "true"})
+               for span in jaeger.trace(trace_id)["spans"]
+               if _tags(span).get("sglang.kernel.in_flight") is True and _tags(span).get("sglang.kernel.name")
+               and "sglang.kernel.copy_of" not in _tags(span))

@@ -306,7 +306,7 @@ def _documents(data: bytes, problems: list[str]) -> Iterator[dict]:
     return (document for document in parsed if document is not None)
 
 
-def _without_answered_snapshots(spans: list[RecoveredSpan]) -> list[RecoveredSpan]:
+def without_answered_snapshots(spans: list[RecoveredSpan]) -> list[RecoveredSpan]:
     """A hung call's early export (a child of the call, see recover/follow.py)
     is left out once the call's own span is there: it is the same call."""
     ids = {span.span_id for span in spans}
@@ -364,7 +364,7 @@ def read_otlp_json(path: str) -> "list[TraceFileContents]":
     for resource, spans in processes.values():
         if not spans:
             continue
-        spans = _without_answered_snapshots(spans)
+        spans = without_answered_snapshots(spans)
         spans.sort(key=lambda span: span.start_time)
         times = [t for span in spans for t in (span.start_time, span.end_time or 0)]
         metadata = {"resource": resource, "pid": resource.get("process.pid"), "host": resource.get("host.name"),

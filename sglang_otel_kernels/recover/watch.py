@@ -35,7 +35,7 @@ from .._version import __version__
 from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, NAME, TRACER_NAME
 from .follow import RingFollower
 from .ranks import cross_rank, timestamp
-from .reader import Assembler, RecoveredSpan, TraceFileContents, TraceFileError, death_time, read_heartbeat, writer_alive
+from .reader import Assembler, TraceFileContents, TraceFileError, death_time, read_heartbeat, writer_alive
 from .replay import delivered
 
 VERDICT = "sglang.verdict"

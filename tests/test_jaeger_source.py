@@ -1,0 +1,108 @@
+"""`report --jaeger`'s reading of Jaeger's query API as hostile input, from
+a real HTTP server on loopback answering what it is told to (the real Jaeger
+is in tests/test_ranks.py)."""
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sglang_otel_kernels.recover.jaeger_source import parse_duration, read_jaeger
+from sglang_otel_kernels.recover.reader import TraceFileError
+
+
+class _Answers:
+    def __init__(self, body: bytes, status: int = 200) -> None:
+        self.body, self.status, self.paths = body, status, []
+        answers = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                answers.paths.append(self.path)
+                self.send_response(answers.status)
+                self.send_header("Content-Length", str(len(answers.body)))
+                self.end_headers()
+                self.wfile.write(answers.body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _trace(*spans, process_tags=None) -> dict:
+    tags = process_tags or [{"key": "process.pid", "type": "int64", "value": 42},
+                            {"key": "host.name", "type": "string", "value": "node-1"},
+                            {"key": "sglang.rank", "type": "int64", "value": 2}]
+    return {"traceID": "ab" * 16, "spans": list(spans), "processes": {"p1": {"serviceName": "s", "tags": tags}}}
+
+
+GOOD = {"traceID": "ab" * 16, "spanID": "12" * 8, "operationName": "layer.stuck", "processID": "p1",
+        "startTime": 1_700_000_000_000_000, "duration": 2_000_000, "references": [],
+        "tags": [{"key": "sglang.kernel.name", "type": "string", "value": "layer.stuck"},
+                 {"key": "sglang.kernel.in_flight", "type": "bool", "value": True},
+                 {"key": "sglang.kernel.input.arg0.shape", "type": "string", "value": "[4,8]"},
+                 {"key": "otel.status_code", "type": "string", "value": "ERROR"},
+                 {"key": "thread.id", "type": "int64", "value": 7}],
+        "logs": [{"timestamp": 1_700_000_000_500_000, "fields": [{"key": "event", "type": "string", "value": "x"}]}]}
+
+
+@pytest.fixture
+def answers():
+    made = []
+    yield lambda body, status=200: made.append(_Answers(body, status)) or made[-1]
+    for server in made:
+        server.close()
+
+
+def test_spans_of_each_process_become_one_contents_and_malformed_ones_are_counted(answers):
+    bad_spans = [dict(GOOD, spanID="zz"), dict(GOOD, startTime="soon"), dict(GOOD, processID="nobody"), "not a span",
+                 dict(GOOD, spanID="34" * 8, tags=[{"key": "k", "type": "int64", "value": "not a number"}])]
+    body = json.dumps({"data": [_trace(GOOD, *bad_spans), "not a trace"]}).encode()
+    server = answers(body)
+    [contents] = read_jaeger(server.url, "s", 3600, limit=7, now=1_700_000_100.0)
+    assert "service=s" in server.paths[0] and "limit=7" in server.paths[0]
+    assert "start=1699996500000000" in server.paths[0] and "end=1700000100000000" in server.paths[0]
+    spans = {span.span_id: span for span in contents.spans}
+    stuck = spans[0x12 * 0x0101010101010101]
+    assert stuck.in_flight and stuck.end_time is None and stuck.status_code == "ERROR" and stuck.thread_id == 7
+    assert stuck.attributes["sglang.kernel.input.arg0.shape"] == (4, 8)  # Jaeger's JSON text of an array
+    assert "otel.status_code" not in stuck.attributes and stuck.events[0][0] == "x"
+    assert spans[0x34 * 0x0101010101010101].attributes == {}  # a tag Jaeger would not write is left out
+    assert contents.metadata["pid"] == 42 and contents.metadata["ranks"] == {"rank": 2}
+    assert contents.last_time == 1_700_000_002_000_000_000  # the in-flight call's exported end: its last sign of life
+    assert not contents.exited and contents.problems == ["5 malformed trace(s) or span(s) left out"]
+
+
+@pytest.mark.parametrize("body, status, said", [
+    (b"<html>not json</html>", 200, "is not JSON"), (b'{"data": 5}', 200, "holds no traces"),
+    (b"{}", 503, "Jaeger answered 503"), (b"x" * 16, 200, "is not JSON")])
+def test_an_answer_that_is_not_traces_is_one_clear_error(answers, body, status, said):
+    server = answers(body, status)
+    with pytest.raises(TraceFileError, match=said):
+        read_jaeger(server.url, "s", 60)
+
+
+def test_the_command_line_says_one_line_and_exits_2(answers):
+    server = answers(b"garbage")
+    for options in (["--jaeger", server.url, "--service", "s"], ["--jaeger", server.url],
+                    ["--jaeger", server.url, "--service", "s", "--since", "soon"], []):
+        proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", *options], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (options, proc.stderr)
+
+
+def test_durations():
+    assert [parse_duration(text) for text in ("90s", "30m", "2h", "1.5d")] == [90, 1800, 7200, 129600]
+    for text in ("", "5", "0h", "-1h", "1w", "h"):
+        with pytest.raises(ValueError):
+            parse_duration(text)
