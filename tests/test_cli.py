@@ -10,7 +10,7 @@ import pytest
 
 from conftest import run_python
 
-COMMANDS = ("demo", "report", "replay", "export", "rerun", "follow", "run")
+COMMANDS = ("demo", "report", "replay", "export", "rerun", "follow", "watch", "run")
 
 
 def cli(*args, cwd=None, env=None):
@@ -33,8 +33,9 @@ def test_each_commands_help_opens_with_what_it_does_and_lists_its_exit_codes(com
 
 def test_arguments_say_file_or_path_as_they_take_a_directory_or_not():
     usage = {command: cli(command, "--help").stdout.split("\n\n")[0] for command in COMMANDS}
-    for command in ("report", "replay", "export"):
+    for command in ("replay", "export", "watch"):
         assert "PATH [PATH ...]" in usage[command], usage[command]
+    assert "[PATH ...]" in usage["report"]  # paths, or --jaeger, or both
     assert usage["follow"].rstrip().endswith("FILE")
 
 
