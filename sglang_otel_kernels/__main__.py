@@ -237,7 +237,9 @@ def _run(options) -> int:
 
 
 def _follow(options) -> int:
+    from .record.export import otlp_protocol
     from .recover.follow import follow, parent_watch
+    from .recover.metrics import metric_exporter
     from .recover.reader import TraceFileError
     from .recover.replay import make_exporter
 
@@ -255,7 +257,9 @@ def _follow(options) -> int:
         sent, in_flight, dropped = follow(options.file, exporter, alive=watch,
                                           interval=options.interval, wait_s=options.wait,
                                           kernels_only=options.kernels_only, hang_seconds=options.hang_seconds,
-                                          delivered_to=target)
+                                          delivered_to=target,
+                                          metrics=metric_exporter(target, options.protocol or otlp_protocol(),
+                                                                  options.timeout))
     except TraceFileError as exc:
         raise _Failure(str(exc)) from None
     except KeyboardInterrupt:
@@ -278,7 +282,8 @@ def _watch(options) -> int:
 
     from opentelemetry.sdk.resources import Resource
 
-    from .record.export import otlp_endpoint
+    from .record.export import otlp_endpoint, otlp_protocol
+    from .recover.metrics import JobMetrics, metric_exporter
     from .recover.replay import make_exporter
     from .recover.watch import watch
 
@@ -289,24 +294,29 @@ def _watch(options) -> int:
     missing = [path for path in options.paths if not os.path.exists(path)]
     if missing:
         raise _Failure(f"{missing[0]}: no such file or directory")
-    exporter = target = None
+    exporter = target = metrics = None
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "sglang"})
     if options.endpoint or otlp_endpoint():
         try:
             exporter, target = make_exporter(options.endpoint, options.protocol, options.timeout)
         except ValueError as exc:
             raise _Failure(str(exc)) from None
+        measured = metric_exporter(target, options.protocol or otlp_protocol(), options.timeout)
+        metrics = None if measured is None else JobMetrics(measured, resource)
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "sglang"})
     print(f"watching {', '.join(options.paths)}: the verdict every {options.interval:g} s, "
           + (f"each new one exported to {target}" if exporter else "printed only (no OTLP endpoint)"), flush=True)
     try:
         watch(options.paths, interval=options.interval, hang_seconds=options.hang_seconds, stop=stop,
-              exporter=exporter, resource=resource, say=lambda line: print(line, flush=True))
+              exporter=exporter, resource=resource, say=lambda line: print(line, flush=True),
+              on_verdicts=None if metrics is None else metrics.verdicts)
     finally:
         if exporter is not None:
             exporter.shutdown()
+        if metrics is not None:
+            metrics.close()
     return 0
 
 

@@ -104,7 +104,7 @@ class Otelcol:
         self.grpc = port()
         self.config = os.path.join(CONFIG, config)
         self.env = clean_env(OTLP_GRPC_PORT=str(self.grpc), OTLP_HTTP_PORT=str(port()), METRICS_PORT=str(port()),
-                             **env)
+                             PROMETHEUS_PORT=str(port()), **env)
         if "ARCHIVE_PATH" in env:
             os.makedirs(os.path.dirname(env["ARCHIVE_PATH"]), exist_ok=True)  # the file exporter makes no directory
         self.log = open(os.path.join(log_dir, f"{name}.log"), "a")
@@ -130,9 +130,10 @@ class Otelcol:
     def address(self) -> str:
         return f"127.0.0.1:{self.grpc}"
 
-    def samples(self, prefix: str = "otelcol_") -> list[str]:
-        """Its own Prometheus samples (`name{labels} value`) whose name starts with `prefix`."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.env['METRICS_PORT']}/metrics", timeout=10) as response:
+    def samples(self, prefix: str = "otelcol_", port_variable: str = "METRICS_PORT") -> list[str]:
+        """Prometheus samples (`name{labels} value`) whose name starts with `prefix`: its own
+        (METRICS_PORT), or with PROMETHEUS_PORT those it received and serves."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.env[port_variable]}/metrics", timeout=10) as response:
             text = response.read().decode()
         return [line for line in text.splitlines() if line.startswith(prefix)]
 

@@ -31,13 +31,20 @@ def test_pipelines_name_only_defined_components(name):
     pipelines = config["service"]["pipelines"]
     assert pipelines
     for name, pipeline in pipelines.items():
-        assert name.split("/")[0] == "traces"
+        assert name.split("/")[0] in ("traces", "metrics")
         for kind in ("receivers", "processors", "exporters"):
             for component in pipeline.get(kind, []):
                 assert component in config[kind], f"{name} uses undefined {kind[:-1]} {component}"
     used = {c for p in pipelines.values() for kind in ("receivers", "processors", "exporters") for c in p.get(kind, [])}
     defined = {c for kind in ("receivers", "processors", "exporters") for c in config[kind]}
     assert defined == used, f"defined but unused: {defined - used}"
+
+
+@pytest.mark.parametrize("name", ["otel-collector.yaml", "gateway/agent.yaml"])
+def test_metrics_are_served_to_prometheus_on_localhost_by_default(name):
+    config = load_collector(name)
+    assert config["service"]["pipelines"]["metrics"]["exporters"] == ["prometheus"]
+    assert config["exporters"]["prometheus"]["endpoint"] == "127.0.0.1:9464"
 
 
 @pytest.mark.parametrize("name, ports", [("otel-collector.yaml", (4317, 4318)), ("gateway/agent.yaml", (4317, 4318)),
@@ -102,3 +109,18 @@ def test_compose_publishes_on_loopback_and_mounts_the_config():
     assert any(volume.startswith("./otel-collector.yaml:") for volume in collector["volumes"])
     assert collector["environment"]["JAEGER_OTLP_ENDPOINT"] == "jaeger:4317"
     assert "16686" in services["jaeger"]["ports"][0]
+
+
+def test_the_alert_rules_use_the_metrics_the_collector_serves():
+    """Every metric an alert reads is one the sidecars or watch export, under Prometheus's name for it
+    (tests/test_ranks.py reads the same names off the real Collector)."""
+    rules = yaml.safe_load((CONFIG / "prometheus-alerts.yaml").read_text())["groups"][0]["rules"]
+    served = {"sglang_kernel_in_flight_longest_seconds", "sglang_job_suspect", "sglang_kernel_failures_total",
+              "sglang_kernel_nonfinite_total", "sglang_kernel_calls_total"}
+    names = set()
+    for rule in rules:
+        assert rule["alert"] and rule["annotations"]["summary"]
+        # What `by (...)` groups on is a label; the rest are metrics.
+        labels = {label.strip() for group in re.findall(r"by \(([^)]*)\)", rule["expr"]) for label in group.split(",")}
+        names.update(set(re.findall(r"\b(sglang_[a-z_]+)\b", rule["expr"])) - labels)
+    assert names and names <= served, names - served

@@ -430,11 +430,12 @@ def test_watch_says_each_new_verdict_and_puts_it_in_jaeger_through_the_shipped_c
     watcher = None
     try:
         job = jobs(tmp_path, "stuck", OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
-                   OTEL_SERVICE_NAME="ranks-watch", SGLANG_KERNEL_API_HANG_SECONDS="2")
+                   OTEL_SERVICE_NAME="ranks-watch", SGLANG_KERNEL_API_HANG_SECONDS="2", OTEL_METRIC_EXPORT_INTERVAL="1000")
         watcher = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "watch", str(tmp_path), "--interval", "1",
                                     "--hang-seconds", "2"], env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
                                                                           OTEL_EXPORTER_OTLP_INSECURE="true",
-                                                                          OTEL_SERVICE_NAME="ranks-watch"),
+                                                                          OTEL_SERVICE_NAME="ranks-watch",
+                                                                          OTEL_METRIC_EXPORT_INTERVAL="1000"),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert watcher.stdout.readline().startswith(f"watching {tmp_path}: the verdict every 1 s, each new one exported")
         lines = []
@@ -460,6 +461,20 @@ def test_watch_says_each_new_verdict_and_puts_it_in_jaeger_through_the_shipped_c
         [stuck] = [s for s in job.spans(2) if s.in_flight and s.name == "layer.stuck"]
         assert {(int(ref["traceID"], 16), int(ref["spanID"], 16)) for ref in verdict["references"]
                 if ref["refType"] == "FOLLOWS_FROM"} == {(stuck.trace_id, stuck.span_id)}
+        # The Collector serves the metrics to Prometheus: rank 2's longest call in flight (the sidecars'), the
+        # job's suspect (watch's), and every rank's calls.
+        def prometheus():
+            samples = collector.samples("sglang_", "PROMETHEUS_PORT")
+            value = lambda name, *labels: [float(line.rsplit(" ", 1)[1]) for line in samples  # noqa: E731
+                                           if line.startswith(name + "{") and all(label in line for label in labels)]
+            longest, suspect = value("sglang_kernel_in_flight_longest_seconds", 'sglang_rank="2"'), \
+                value("sglang_job_suspect", 'sglang_rank="2"', 'reason="missing"')
+            calls = {rank: value("sglang_kernel_calls_total", f'sglang_rank="{rank}"') for rank in range(4)}
+            return (longest, suspect, calls) if longest and longest[0] >= 2 and suspect == [1.0] and all(
+                calls.values()) else None
+
+        longest, suspect, calls = wait("rank 2's metrics in Prometheus", prometheus, timeout=60)
+        assert all(sum(values) >= 4 for values in calls.values()), calls  # at least the first steps' kernels
         watcher.send_signal(signal.SIGTERM)
         assert watcher.wait(timeout=30) == 0, watcher.stderr.read()
     finally:

@@ -1,7 +1,8 @@
 // An OpenTelemetry Collector with exactly the components
 // ../otel-collector.yaml and ../gateway/ use, all at one collector release
 // (see go.mod): the OTLP receiver; the batch, memory_limiter and
-// tail_sampling processors; the OTLP, file and loadbalancing exporters.
+// tail_sampling processors; the OTLP, file, loadbalancing and prometheus
+// exporters.
 // Built by ../../.ci/backends.
 package main
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/loadbalancingexporter"
+	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/prometheusexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/processor/tailsamplingprocessor"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/confmap"
@@ -39,6 +41,7 @@ func components() (otelcol.Factories, error) {
 	}
 	factories.Exporters, err = otelcol.MakeFactoryMap[exporter.Factory](
 		otlpexporter.NewFactory(), fileexporter.NewFactory(), loadbalancingexporter.NewFactory(),
+		prometheusexporter.NewFactory(),
 	)
 	return factories, err
 }

@@ -68,7 +68,8 @@ def current() -> "Batch | None":
     return context_api.get_value(_KEY)
 
 
-def _output_flagged(attributes) -> bool:
+def output_flagged(attributes) -> bool:
+    """Whether a kernel span flagged NaN/Inf on an output."""
     if not (attributes.get(HAS_NAN) is True or attributes.get(HAS_INF) is True):
         return False
     return any(path == "output" or str(path).startswith("output.") for path in attributes.get(NONFINITE) or ())
@@ -78,7 +79,7 @@ def matters(attributes, error: bool) -> bool:
     """Whether a kernel span is copied into its batch's request traces: it
     failed (`error`, which a call in flight at a death also is), was exported
     as hung, or flagged NaN/Inf on an output."""
-    return error or attributes.get(HUNG) is True or attributes.get(IN_FLIGHT) is True or _output_flagged(attributes)
+    return error or attributes.get(HUNG) is True or attributes.get(IN_FLIGHT) is True or output_flagged(attributes)
 
 
 def targets(attributes, error: bool, requests: Sequence[Request]) -> list[Request]:
@@ -88,7 +89,7 @@ def targets(attributes, error: bool, requests: Sequence[Request]) -> list[Reques
     `sglang.kernel.nonfinite_requests` when its rows were mapped, else all."""
     if error or attributes.get(HUNG) is True or attributes.get(IN_FLIGHT) is True:
         return list(requests)
-    if not _output_flagged(attributes):
+    if not output_flagged(attributes):
         return []
     named = attributes.get(NONFINITE_REQUESTS)
     if not isinstance(named, (tuple, list)):

@@ -14,6 +14,7 @@ import random
 import time
 from typing import Callable
 
+from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from ..notices import warn
@@ -22,6 +23,8 @@ from .otlp_json import resource_attributes
 from ..record import tracefile as fmt
 from ..schema import HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME
 from .ledger import Ledger
+from .metrics import KernelMetrics
+from .ranks import rank_of_metadata
 from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death_time, map_trace_file, read_header,
                      read_heartbeat, record_at, scan, with_gaps, writer_alive)
 from .replay import BATCH, FileResource, delivered, readable
@@ -183,7 +186,8 @@ class _Outbox:
 
 def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | None = None,
            interval: float = 0.2, wait_s: float = 60.0, kernels_only: bool = False,
-           hang_seconds: float = 0.0, delivered_to: str | None = None) -> tuple[int, int, int]:
+           hang_seconds: float = 0.0, delivered_to: str | None = None,
+           metrics: "MetricExporter | None" = None) -> tuple[int, int, int]:
     """Exports the spans of the file at `path` as they end until `alive()`
     (default: the file's writer holds its lock) turns false, then those still
     in flight (status ERROR, in flight, ending at the process's last sign of
@@ -199,7 +203,8 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
     itself, are left out; its spans in flight at the end, never exported by
     it, still go. With `delivered_to` (the exporter's endpoint), what the
     back end took is listed beside the file (`FILE.delivered`), so that a
-    later `replay` there sends only the rest."""
+    later `replay` there sends only the rest. With `metrics`, the process's
+    kernel calls are counted for alerts (recover/metrics.py)."""
     alive = alive or writer_watch(path)
     deadline = time.monotonic() + wait_s
     while not os.path.exists(path):  # the writer creates it on its first record
@@ -213,6 +218,9 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
     resource = FileResource(resource_attributes(metadata))
     assembler = Assembler()
     requests = RequestTraces(assembler.parent_of, assembler.linking_to)
+    counted = None if metrics is None else KernelMetrics(metrics, resource)
+    if counted is not None:
+        counted.rank = rank_of_metadata(metadata)
     sampler = ExportSampler()
     # The ring holds fewer spans than one per 48 bytes (a start and an end record each).
     outbox = _Outbox(None if delivered_to is None else
@@ -249,6 +257,8 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 pair = assembler.add(record)
                 if pair is not None:
                     recovered = assembler.span(*pair)
+                    if counted is not None:
+                        counted.count(recovered)
                     if kernels_only and NAME not in recovered.attributes:
                         outbox.leave(recovered.span_id)
                         continue
@@ -257,7 +267,13 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                     # Ranks learnt after start-up: on the resource of the spans from now on.
                     metadata = dict(metadata, ranks={**(metadata.get("ranks") or {}), **assembler.identity})
                     resource = FileResource(resource_attributes(metadata))
+                    if counted is not None:
+                        counted.rank = rank_of_metadata(metadata)
             in_flight = 0
+            if counted is not None:
+                now = time.time_ns()
+                oldest = min((start[6] for start in assembler.kernel_calls_started_before(now)), default=now)
+                counted.in_flight(round((now - oldest) / 1e9, 3) if running else 0.0)
             if running and hang_ns:
                 now = time.time_ns()
                 for span in _still_running(assembler, hung, now, hang_ns):
@@ -293,3 +309,5 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
         follower.close()
         if outbox.ledger is not None:
             outbox.ledger.close()
+        if counted is not None:
+            counted.close()

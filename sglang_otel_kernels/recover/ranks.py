@@ -43,7 +43,12 @@ STACK_LINES = 12  # frames of a suspect's stack the text lists
 
 def rank_of(contents: TraceFileContents) -> int | None:
     """The global rank a file's process had, if it knew one."""
-    ranks = contents.metadata.get("ranks")
+    return rank_of_metadata(contents.metadata)
+
+
+def rank_of_metadata(metadata: dict) -> int | None:
+    """The global rank a file's header (and the IDENTITY records after it) says."""
+    ranks = metadata.get("ranks")
     value = ranks.get("rank") if isinstance(ranks, dict) else None
     if isinstance(value, str) and value.isdigit():
         value = int(value)
