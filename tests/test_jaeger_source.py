@@ -83,6 +83,24 @@ def test_spans_of_each_process_become_one_contents_and_malformed_ones_are_counte
     assert not contents.exited and contents.problems == ["5 malformed trace(s) or span(s) left out"]
 
 
+def test_a_process_whose_calls_in_flight_are_hung_calls_early_exports_reads_as_live(answers):
+    """The sidecar exports a hung call while its process lives (tagged
+    sglang.kernel.hung) and a call of its own in flight only when the
+    process died: Jaeger's spans tell a hanging process from a dead one."""
+    hung = dict(GOOD, tags=[*GOOD["tags"], {"key": "sglang.kernel.hung", "type": "bool", "value": True}])
+    other = [{"key": "process.pid", "type": "int64", "value": 43}, {"key": "host.name", "type": "string", "value": "n"}]
+    ended = dict(GOOD, spanID="56" * 8, processID="p2", tags=GOOD["tags"][:1])
+    elsewhere = {"p2": {"serviceName": "s", "tags": other}}
+    traces = [_trace(hung), dict(_trace(ended), traceID="cd" * 16, processes=elsewhere)]
+    by_pid = {contents.metadata["pid"]: contents for contents in
+              read_jaeger(answers(json.dumps({"data": traces}).encode()).url, "s", 60)}
+    assert by_pid[42].live and not by_pid[42].exited
+    assert by_pid[43].exited and not by_pid[43].live
+    own = dict(GOOD, spanID="78" * 8)
+    [dead] = read_jaeger(answers(json.dumps({"data": [_trace(own, hung)]}).encode()).url, "s", 60)
+    assert not dead.live and not dead.exited  # one call in flight that is no hung call's export: it died
+
+
 @pytest.mark.parametrize("body, status, said", [
     (b"<html>not json</html>", 200, "is not JSON"), (b'{"data": 5}', 200, "holds no traces"),
     (b"{}", 503, "Jaeger answered 503"), (b"x" * 16, 200, "is not JSON")])

@@ -7,9 +7,11 @@ what its UI reads) gives whole traces: spans with their tags, references
 (CHILD_OF the parent, FOLLOWS_FROM a link) and logs, and the processes that
 sent them with their resource tags (`process.pid`, `host.name`,
 `sglang.rank`, `sglang.job`, ...). Each process becomes one contents, as a
-trace file's would. What Jaeger cannot say: whether a process still runs. A
-process with a call in flight (the sidecar exports those when it dies) is
-taken as dead, the others as ended. Jaeger writes an array attribute as
+trace file's would. Jaeger does not say whether a process still runs; its
+spans tell it: calls in flight that are all hung calls' early exports (the
+sidecar sends those while the process lives) make a live process, hanging;
+a call in flight of its own (the sidecar sends those when the process dies)
+a dead one; none, an ended one (or one that runs, healthy). Jaeger writes an array attribute as
 JSON text: text that reads as a JSON array is taken as one (shapes, request
 ids, a group's ranks). Fetches are bounded (traces, bytes, time); Jaeger's
 answer is read as hostile input: what is not a trace or a span is left out
@@ -27,7 +29,7 @@ import urllib.request
 from typing import Any
 
 from ..record import identity
-from ..schema import IN_FLIGHT, THREAD_ID, THREAD_NAME
+from ..schema import HUNG, IN_FLIGHT, THREAD_ID, THREAD_NAME
 from ..text import utf8
 from .otlp_json import without_answered_snapshots
 from .reader import RecoveredSpan, TraceFileContents, TraceFileError
@@ -189,6 +191,7 @@ def read_jaeger(base: str, service: str, since_s: float, limit: int = 1000, time
     out = []
     for resource, by_id, newest in processes.values():
         spans = sorted(without_answered_snapshots(list(by_id.values())), key=lambda span: span.start_time)
+        in_flight = [span for span in spans if span.in_flight]
         metadata = {"resource": resource, "pid": resource.get("process.pid"), "host": resource.get("host.name"),
                     "format": "Jaeger", "ranks": {key: resource[f"sglang.{key}"] for key in identity.RESOURCE_KEYS
                                                   if f"sglang.{key}" in resource}}
@@ -196,5 +199,6 @@ def read_jaeger(base: str, service: str, since_s: float, limit: int = 1000, time
             path=f"jaeger:{service}/{resource.get('host.name')}/{resource.get('process.pid')}", metadata=metadata,
             spans=spans, records=len(spans), skipped=skipped,
             problems=[f"{skipped} malformed trace(s) or span(s) left out"] if skipped else [],
-            last_time=newest[0], exited=not any(span.in_flight for span in spans)))
+            last_time=newest[0], exited=not in_flight,
+            live=bool(in_flight) and all(span.attributes.get(HUNG) is True for span in in_flight)))
     return out
