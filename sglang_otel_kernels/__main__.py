@@ -150,7 +150,9 @@ def _report(options) -> int:
     else:
         sys.stdout.write(render_text(report))
     suspects = any(verdict["suspects"] for verdict in report["cross_rank_jobs"])
-    return 1 if report["crashed"] or report["failed"] or suspects else 0
+    if report["crashed"] or report["failed"] or suspects:
+        return 1
+    return 3 if report["first_nonfinite_output"] else 0
 
 
 def _replay(options) -> int:
@@ -348,15 +350,29 @@ def _command(commands, name: str, summary: str, description: str, exits: str) ->
                                formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+class _Version(argparse.Action):
+    """--version: the version, and the formats this build writes and reads, one a line."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from ._version import __version__
+        from .record.tracefile import FORMAT_VERSION
+        from .recover.reader import READ_FORMATS
+        from .recover.report import REPORT_SCHEMA
+
+        print(f"{parser.prog} {__version__}\n"
+              f"trace file format: writes {FORMAT_VERSION}, reads {', '.join(map(str, READ_FORMATS))}\n"
+              f"report --json schema: {REPORT_SCHEMA}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="sglang-otel-kernels",
         description="SGLang-compatible kernel API logging as OpenTelemetry spans, with a crash-safe trace file. "
                     "Each command's --help says what it does and its exit codes.",
     )
-    from ._version import __version__
-
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="show the version and the trace-file and JSON formats it reads and writes, and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = _command(
         commands, "demo", "run the example service with a request that makes a kernel fail, then print the crash report",
@@ -372,9 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
         "Prints what trace files (or OTLP JSON archives, or the spans Jaeger holds: --jaeger) say about\n"
         "how their processes ended: the kernel calls in flight at a crash with their inputs and requests,\n"
         "failed calls, the first NaN/Inf producer, the last calls, and a verdict over the ranks of a job.",
-        "0 no call was in flight when a process died, none failed, and the ranks show no suspect\n"
-        "(calls running in a live process are no crash); 1 calls in flight when a process died, failed\n"
-        "calls, or a suspect rank (a hang, a mismatch); " + _EXIT_USAGE)
+        "0 nothing found: no call in flight when a process died, none failed, no suspect rank, no\n"
+        "NaN/Inf producer (calls running in a live process are no crash); 1 calls in flight when a\n"
+        "process died, failed calls, or a suspect rank (a hang, a mismatch); 2 bad usage, or an input\n"
+        "that cannot be read (one line on stderr); 3 a call made NaN/Inf from finite inputs (level 5),\n"
+        "nothing worse: a gate can tell numerics from crashes.")
     report.add_argument("paths", nargs="*", metavar="PATH",
                         help="trace files (one per rank merge by time), OTLP JSON files, or directories of them")
     report.add_argument("--last", type=int, default=10, metavar="N", help="completed calls to list (default 10)")

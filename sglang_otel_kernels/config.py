@@ -196,6 +196,14 @@ def _from_env(environ: Mapping[str, str], name: str, parse: Callable[[str], Any]
         return default
 
 
+def _log_path(dest: str) -> str:
+    """A text-log file's path made absolute when the setting is read, as
+    SGLang's logging.FileHandler does at import: an application's later
+    chdir does not move the log, and `sub/../log.txt` is `log.txt` even with
+    no `sub`. `%i` stays, for the pid of the process that first writes."""
+    return dest if dest in ("stdout", "stderr", OFF) else os.path.abspath(dest)
+
+
 def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfig:
     """Read SGLang's SGLANG_KERNEL_API_* variables, ours, and OTEL_SDK_DISABLED;
     a value that does not parse gives one warning and the default, as SGLang does."""
@@ -210,6 +218,7 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
     if not log_dest:
         warn("SGLANG_KERNEL_API_LOGDEST is empty, using stdout")
         log_dest = "stdout"
+    log_dest = _log_path(log_dest)
     sdk_disabled = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
     trace_file = environ.get("SGLANG_KERNEL_API_TRACEFILE", DEFAULT_TRACE_FILE).strip() or DEFAULT_TRACE_FILE
     return KernelTraceConfig(
@@ -293,7 +302,7 @@ def configure(
     if log_dest is not None:
         if not isinstance(log_dest, str) or not log_dest.strip():
             raise ValueError(f"log_dest must be 'stdout', 'stderr', 'off' or a path; got {log_dest!r}")
-        changes["log_dest"] = log_dest.strip()
+        changes["log_dest"] = _log_path(log_dest.strip())
     if spans is not None:
         changes["spans"] = bool(spans)
     if tracer_provider is not KEEP:

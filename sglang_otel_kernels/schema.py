@@ -17,6 +17,9 @@ THREAD_ID, THREAD_NAME = "thread.id", "thread.name"  # OpenTelemetry's: the arch
 IN_FLIGHT = PREFIX + "in_flight"  # set by the reader on a span with no end record
 HUNG = PREFIX + "hung"  # the sidecar's early export of a call in flight longer than SGLANG_KERNEL_API_HANG_SECONDS
 IN_FLIGHT_SECONDS = PREFIX + "in_flight_seconds"  # how long that call had been running then
+# On a call in flight when its process died (the sidecar's export): the fatal signal the process recorded
+# (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL), or "none": killed from outside (SIGKILL) or the machine went down.
+FATAL_SIGNAL = "sglang.process.fatal_signal"
 BLACKBOX = PREFIX + "blackbox"  # set by the reader on a call the black box recorded
 # A batched call that matters (failed, in flight at a death, hung, NaN/Inf out),
 # copied into a request trace of its batch: `<trace id>:<span id>` of the original.

@@ -1,5 +1,6 @@
 """What a new user trips over (issue 16): each defect as a real run."""
 
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -92,7 +93,14 @@ def test_report_rounds_statistics_and_version_is_printed(tmp_path):
     report = subprocess.run([CLI, "report", "t.sgltrace"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert "min=0.1, max=0.4, mean=0.233333," in report.stdout, report.stdout
     version = subprocess.run([CLI, "--version"], capture_output=True, text=True, timeout=60)
-    assert version.returncode == 0 and version.stdout.strip() == f"sglang-otel-kernels {sok.__version__}"
+    from sglang_otel_kernels.record.tracefile import FORMAT_VERSION
+    from sglang_otel_kernels.recover.report import REPORT_SCHEMA
+
+    # The version, and what this build writes and reads: two builds that read different files differ here.
+    assert version.returncode == 0 and version.stdout.splitlines() == [
+        f"sglang-otel-kernels {sok.__version__}", f"trace file format: writes {FORMAT_VERSION}, reads 2, 3, 4",
+        f"report --json schema: {REPORT_SCHEMA}"]
+    assert importlib.metadata.version("sglang-otel-kernels") == sok.__version__  # what pip installed says the same
     assert shutil.which(CLI)
 
 

@@ -19,6 +19,7 @@ import pytest
 import sglang_otel_kernels as sok
 from backends import Jaeger, clean_env, ensure_built, port, wait
 from test_html_report import _chromium
+from test_report_schema import check
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(TESTS, "rank_worker.py")
@@ -93,7 +94,9 @@ def report(*paths, hang_seconds: float | None = None) -> tuple[int, str, dict]:
                                *extra], capture_output=True, text=True, timeout=120) for extra in ([], ["--json"])]
     text, document = results
     assert text.returncode == document.returncode, (text.stderr, document.stderr)
-    return text.returncode, text.stdout, json.loads(document.stdout)
+    parsed = json.loads(document.stdout)
+    check(parsed)  # what docs/report.schema.json documents
+    return text.returncode, text.stdout, parsed
 
 
 def _entry(verdict: dict, op: str, seq: int) -> dict:
@@ -153,16 +156,31 @@ def test_a_stuck_rank_is_named_while_the_job_hangs_and_after_a_watchdog_kills_it
         assert in_flight["rank"] == 2 and in_flight["seconds"] >= 2
 
         job.kill()
-        status, text, document = report(tmp_path)
+        # A hang the watchdog killed is no crash: no fatal signal recorded, the call stuck past the threshold.
+        # (Its last sign of life, the heartbeat once a second, may be up to a second before the kill.)
+        status, text, document = report(tmp_path, hang_seconds=1)
         verdict = document["cross_rank"]
         assert status == 1
-        assert text.splitlines()[0].startswith("rank 2 died in layer.stuck (running "), text
-        assert "never entered all_reduce #5 of group default_pg, which ranks 0, 1, 3 waited in" in text.splitlines()[0]
+        assert re.fullmatch(r"rank 2 was stuck in layer\.stuck for [1-9][\d.]* s when it was killed from outside \(no "
+                            r"fatal signal recorded\); it never entered all_reduce #5 of group default_pg, which ranks "
+                            r"0, 1, 3 waited in", text.splitlines()[0]), text
         assert (verdict["suspects"][0]["rank"], verdict["suspects"][0]["call"]) == (2, "layer.stuck")
+        assert verdict["suspects"][0]["reason"] == "killed_while_stuck"
         assert _entry(verdict, "all_reduce", 5)["missing"] == [2]
         assert {r["state"] for r in verdict["ranks"]} == {"died"}
+        assert {r["fatal_signal"] for r in verdict["ranks"]} == {""}
+        assert f"  rank 2: died (no fatal signal recorded), pid {job.processes[2].pid}" in text
         # Killed after seconds stuck: its heartbeat (once a second) says how long it was.
         assert verdict["suspects"][0]["seconds"] >= stuck_for - 1.0
+        # Under the threshold it is not called stuck; still no crash.
+        status, text, document = report(tmp_path, hang_seconds=600)
+        assert document["cross_rank"]["suspects"][0]["reason"] == "died"
+        assert re.match(r"rank 2 died in layer\.stuck \(running [\d.]+ s when it was last alive; no fatal signal "
+                        r"recorded\)", text), text
+        subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path), "--hang-seconds", "1",
+                        "--html", str(tmp_path / "page.html")], capture_output=True, timeout=120)
+        page = (tmp_path / "page.html").read_text()
+        assert "rank 2: died (no fatal signal recorded), pid" in page and "(suspect 1: killed_while_stuck)" in page
 
         # In Jaeger the sidecar's final span of the call (in flight at the kill) holds the early one.
         def final_in_jaeger():
@@ -190,8 +208,10 @@ def test_a_rank_that_aborts_in_a_kernel_is_the_first_suspect_and_explains_the_ot
     status, text, document = report(tmp_path)
     verdict = document["cross_rank"]
     assert status == 1
-    assert [(s["rank"], s["reason"], s["call"]) for s in verdict["suspects"]] == [(2, "died", "layer.boom")]
-    assert text.splitlines()[0].startswith("rank 2 died in layer.boom")
+    assert [(s["rank"], s["reason"], s["call"]) for s in verdict["suspects"]] == [(2, "crashed", "layer.boom")]
+    assert text.splitlines()[0].startswith("rank 2 crashed in layer.boom (SIGABRT, running ")
+    assert [r["fatal_signal"] for r in verdict["ranks"]] == [None, None, "SIGABRT", None]
+    assert f"  rank 2: died (SIGABRT recorded), pid {job.processes[2].pid}" in text
     assert text.splitlines()[0].endswith("never entered all_reduce #5 of group default_pg, which ranks 0, 1, 3 "
                                          "entered and failed in"), text
     entry = _entry(verdict, "all_reduce", 5)
@@ -208,7 +228,7 @@ def test_a_rank_that_aborts_in_a_kernel_is_the_first_suspect_and_explains_the_ot
     lanes = re.findall(r'<div class="lane( suspect)?" data-rank="(\d+)">(.*?)</svg>', dom.stdout, re.S)
     assert [(marked, rank) for marked, rank, _ in lanes] == [("", "0"), ("", "1"), (" suspect", "2"), ("", "3")]
     suspect = lanes[2][2]
-    assert "rank 2: died, pid" in suspect and "(suspect 1: died)" in suspect
+    assert "rank 2: died (SIGABRT recorded), pid" in suspect and "(suspect 1: crashed)" in suspect
     assert 'class="call in-flight" data-call' in suspect and 'data-name="layer.boom"' in suspect
     assert all('class="call failed collective"' in lane for _, rank, lane in lanes if rank != "2")
 
@@ -335,7 +355,8 @@ def test_report_over_the_jaeger_free_archive_of_a_dead_job_gives_the_same_verdic
                                    str(archive / f"rank{rank}.jsonl")], capture_output=True, text=True, timeout=120)
         assert exported.returncode == 0, exported.stderr
     _, _, document = report(archive)
-    assert [(s["rank"], s["reason"], s["call"]) for s in document["cross_rank"]["suspects"]] == [(2, "died", "layer.boom")]
+    assert [(s["rank"], s["reason"], s["call"]) for s in document["cross_rank"]["suspects"]] == \
+        [(2, "crashed", "layer.boom")]  # the signal went with the call in flight (sglang.process.fatal_signal)
 
 
 def test_a_report_over_some_ranks_files_names_the_ranks_without_one_first(jobs, tmp_path):
@@ -500,15 +521,17 @@ def test_report_from_jaeger_alone_names_the_rank_and_its_kernel_after_the_files_
         for path in tmp_path.glob("trace_*"):
             path.unlink()  # nothing on disk: Jaeger alone
         proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--jaeger", jaeger.query,
-                               "--service", "ranks-jaeger", "--since", "10m", "--json"],
+                               "--service", "ranks-jaeger", "--since", "10m", "--json", "--hang-seconds", "1"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 1, proc.stderr
         verdict = json.loads(proc.stdout)["cross_rank"]
-        # As the files said it (the running time up to the last sign of life the sidecar exported).
-        assert re.fullmatch(r"rank 2 died in layer\.stuck \(running [1-9][\d.]* s when it was last alive\); it never "
-                            r"entered all_reduce #5 of group default_pg, which ranks 0, 1, 3 waited in",
-                            verdict["verdict"]), verdict["verdict"]
-        assert [(s["rank"], s["call"]) for s in verdict["suspects"]] == [(2, "layer.stuck")]
+        # As the files said it (the running time up to the last sign of life the sidecar exported, and
+        # how the process ended, which the sidecar put on the calls it left in flight).
+        assert re.fullmatch(r"rank 2 was stuck in layer\.stuck for [1-9][\d.]* s when it was killed from outside "
+                            r"\(no fatal signal recorded\); it never entered all_reduce #5 of group default_pg, which "
+                            r"ranks 0, 1, 3 waited in", verdict["verdict"]), verdict["verdict"]
+        assert [(s["rank"], s["call"], s["reason"]) for s in verdict["suspects"]] == \
+            [(2, "layer.stuck", "killed_while_stuck")]
         assert sorted(rank["rank"] for rank in verdict["ranks"]) == [0, 1, 2, 3]
         text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--jaeger", jaeger.query,
                                "--service", "ranks-jaeger"], capture_output=True, text=True, timeout=120).stdout

@@ -120,6 +120,18 @@ def test_clean_file_exits_zero_and_ranks_merge(tmp_path):
     assert "k " in proc.stdout and "      6 " in proc.stdout  # 6 calls across both files
 
 
+def test_nan_from_finite_inputs_and_nothing_worse_exits_3(tmp_path):
+    """A gate tells numerics from crashes: NaN alone is 3, NaN beside a failure or a crash is 1 (left_file)."""
+    script = DIES_IN_A_BATCH.split("carriers =")[0]  # the two norm calls, the second making NaN; no embedding
+    assert run_python(script, tmp_path).returncode == 0
+    for options in ([], ["--json"], ["--html", str(tmp_path / "r.html")]):
+        proc = cli("report", str(tmp_path / "t.sgltrace"), *options)
+        assert proc.returncode == 3, proc.stderr
+    assert "First call that produced NaN/Inf from finite inputs:\n  sglang.custom_op.rmsnorm" in cli(
+        "report", str(tmp_path / "t.sgltrace")).stdout
+    assert "3 a call made NaN/Inf from finite inputs" in cli("report", "--help").stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["report", "missing.sgltrace"], "no such file"),
     (["report", "--last", "-1", "x"], "--last must be 0 or more"),

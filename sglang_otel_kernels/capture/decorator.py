@@ -17,6 +17,7 @@ from time import time_ns
 from typing import Any, Callable, TypeVar, overload
 
 import torch
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from .. import config as _config
@@ -30,7 +31,7 @@ from ..record import batches
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.processor import set_writer
 from ..record.setup import make_writer
-from ..record.spans import KernelSpans, call_context, parent_context, unwind
+from ..record.spans import KernelSpans, awaited, call_context, parent_context, unwind
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
@@ -389,9 +390,37 @@ def capturing(delta: int) -> None:
     _capturing += delta
 
 
+def _wrap_coroutine(func: F, site: KernelSite) -> F:
+    """The recorded version of a coroutine function: the call spans its
+    whole await (in flight while it awaits, its exception, its result)."""
+
+    @functools.wraps(func)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if is_compiling():
+            return await func(*args, **kwargs)
+        call = site.begin(args, kwargs, next(_call_numbers))
+        token = awaited(call[0]) if call is not None and call[0] is not None else None
+        try:
+            result = await func(*args, **kwargs)
+        except BaseException as exc:
+            if token is not None:
+                otel_context.detach(token)
+            site.fail(call, exc)
+            raise
+        if token is not None:
+            otel_context.detach(token)
+        site.finish(call, result)
+        return result
+
+    setattr(wrapper, WRAPPED_MARKER, True)
+    return wrapper  # type: ignore[return-value]
+
+
 def _wrap(func: F, name: str, level: int, before: Before | None = None, after: After | None = None) -> F:
     """The recorded version of `func`, optionally with hooks (see `Before`, `After`)."""
     site = KernelSite(func, name, level)
+    if before is None and inspect.iscoroutinefunction(func):
+        return _wrap_coroutine(func, site)
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

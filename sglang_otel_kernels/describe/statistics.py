@@ -2,8 +2,8 @@
 
 Values are those SGLang prints (computed in float32; complex tensors by
 magnitude; integer and bool tensors converted), gathered in as few passes as
-possible: one `aminmax` and one `sum` per tensor (the mean is the sum over
-the element count, as `mean` computes it, without its extra division kernel).
+possible: one `aminmax` and one `mean` per tensor (in float32, as SGLang's
+`mean()`: a float32 sum divided in double would print other digits).
 NaN propagates into min and max, and +/-Inf shows as a bound, so the counting passes (`isnan`, `isinf`,
 on the float32 view: float8 types have no `isinf`) run only when min or max
 shows one, and never for integer and bool tensors, which hold neither. On an
@@ -101,14 +101,14 @@ def fill_statistics(infos: list[TensorInfo]) -> "BaseException | None":
                 continue
             source = tensor if info.dtype == "torch.float32" else _float_view(tensor)
             low, high = torch.aminmax(source)
-            total = source.sum()
+            mean = source.mean()  # in float32, as SGLang prints it (a float32 sum divided in double is not)
             if on_host(tensor):
-                low, high, mean = low.item(), high.item(), total.item() / source.numel()
+                low, high, mean = low.item(), high.item(), mean.item()
                 # Finite bounds: no NaN and no Inf, nothing to count (the usual case).
                 info.stats = (low, high, mean, *((0, 0) if _isfinite(low) and _isfinite(high)
                                                  else _host_counts(tensor, source)))
             else:
-                deferred.append((info, tensor, source, torch.stack([low, high, total])))
+                deferred.append((info, tensor, source, torch.stack([low, high, mean])))
         except Exception as exc:
             info.stats_note = f"unavailable: {type(exc).__name__}"
     return _transfer(deferred) if deferred else None
@@ -146,8 +146,8 @@ def _transfer(deferred: list) -> "BaseException | None":
             continue
         counted = []
         for index, (info, tensor, source, _) in enumerate(entries):
-            low, high, total = flat[3 * index : 3 * index + 3]
-            info.stats = (low, high, total / source.numel(), 0, 0)
+            low, high, mean = flat[3 * index : 3 * index + 3]
+            info.stats = (low, high, mean, 0, 0)
             if _flagged(tensor, low, high):
                 try:
                     counted.append((info, torch.stack(_counts(source)).float()))

@@ -105,6 +105,16 @@ def parent_context(call: tuple) -> "SpanContext | None":
                        _SAMPLED if flags & tracefile.FLAG_PARENT_SAMPLED else _NOT_SAMPLED)
 
 
+def awaited(call: tuple) -> object:
+    """Makes a coroutine's call, recorded over its whole await, the current
+    span of its task's context instead of its thread's current call: other
+    tasks run on the thread while it awaits, and must not nest inside it;
+    the calls it makes itself do. Returns the token that ends this
+    (`opentelemetry.context.detach`)."""
+    call[THREAD_STATE][CALL] = call[OUTER]
+    return _context.attach(trace.set_span_in_context(trace.NonRecordingSpan(call_context(call))))
+
+
 def unwind(seq: int, exc: BaseException, recorder: "KernelSpans | None") -> None:
     """Ends the calls of this thread numbered `seq` or later that are still
     its running calls once `exc` leaves the wrapper of call `seq`. Only an

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from ..schema import COLLECTIVE_OP
+from .ranks import ending_text
 from .reader import RecoveredSpan, TraceFileContents
 from .report import build_report, call_lines, call_summary, is_kernel, produced_nonfinite, render_text
 
@@ -135,7 +136,7 @@ def _rank_lanes(report: dict[str, Any], contents: list[TraceFileContents], axis:
             if content is None:
                 continue
             spans = sorted((s for s in content.spans if is_kernel(s)), key=lambda s: s.start_time)[-MAX_CALLS_PER_TRACK:]
-            label = f"rank {rank['rank']}: {rank['state']}, pid {rank['pid']}"
+            label = f"rank {rank['rank']}: {rank['state']}{ending_text(rank.get('fatal_signal'))}, pid {rank['pid']}"
             marked = suspects.get(rank["rank"])
             if marked is not None:
                 label += f" (suspect {marked[0]}: {marked[1]['reason']})"
@@ -156,7 +157,9 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
                      if is_kernel(s) and produced_nonfinite(s)), default=(0, None))[1]
     suspects = sum(len(job["suspects"]) for job in report.get("cross_rank_jobs") or ())
     if report["crashed"]:
-        verdict = ("crashed", "CRASHED: a kernel call was running when the process died")
+        endings = {info.get("fatal_signal") for info in report["files"] if info.get("state") == "died"}
+        verdict = ("crashed", "CRASHED: a kernel call was running when the process died"
+                   + (ending_text(endings.pop()) if len(endings) == 1 else ""))
     elif report.get("graph_replay_at_death"):
         # Not a crash for certain: a server stopped by SIGKILL after its last decode step looks the same.
         verdict = ("failed", "died after a CUDA graph replay: its kernels may have been running on the GPU")

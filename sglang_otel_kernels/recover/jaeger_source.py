@@ -32,7 +32,7 @@ from ..record import identity
 from ..schema import HUNG, IN_FLIGHT, THREAD_ID, THREAD_NAME
 from ..text import utf8
 from .otlp_json import without_answered_snapshots
-from .reader import RecoveredSpan, TraceFileContents, TraceFileError
+from .reader import RecoveredSpan, TraceFileContents, TraceFileError, said_ending
 
 MAX_BYTES = 256 << 20
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
@@ -199,6 +199,6 @@ def read_jaeger(base: str, service: str, since_s: float, limit: int = 1000, time
             path=f"jaeger:{service}/{resource.get('host.name')}/{resource.get('process.pid')}", metadata=metadata,
             spans=spans, records=len(spans), skipped=skipped,
             problems=[f"{skipped} malformed trace(s) or span(s) left out"] if skipped else [],
-            last_time=newest[0], exited=not in_flight,
+            last_time=newest[0], exited=not in_flight, fatal_signal=said_ending(in_flight),
             live=bool(in_flight) and all(span.attributes.get(HUNG) is True for span in in_flight)))
     return out

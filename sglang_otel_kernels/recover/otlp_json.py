@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 from ..record import identity
 from ..schema import HUNG, IN_FLIGHT, THREAD_ID, THREAD_NAME
 from ..text import utf8
-from .reader import RecoveredSpan, TraceFileContents, TraceFileError, open_regular
+from .reader import RecoveredSpan, TraceFileContents, TraceFileError, open_regular, said_ending
 from .request_copies import with_copies
 
 _STATUS_CODES = {"UNSET": 0, "OK": 1, "ERROR": 2}
@@ -371,5 +371,6 @@ def read_otlp_json(path: str) -> "list[TraceFileContents]":
                     "format": "OTLP JSON", "ranks": {key: resource[f"sglang.{key}"] for key in identity.RESOURCE_KEYS
                                                       if f"sglang.{key}" in resource}}
         out.append(TraceFileContents(path=path, metadata=metadata, spans=spans, records=len(spans), skipped=skipped,
-                                     problems=list(problems), last_time=max(times, default=0)))
+                                     problems=list(problems), last_time=max(times, default=0),
+                                     fatal_signal=said_ending(spans)))
     return out

@@ -372,6 +372,19 @@ class _Verdict:
         return (f"frozen: its heartbeat stopped at {timestamp(beat, date=False)}, "
                 f"{_seconds_text((rank.now - beat) / 1e9)} ago (a thread holds the GIL)")
 
+    def _death(self, rank: RankFile, call: RecoveredSpan, what: str) -> tuple[str, str]:
+        """(reason, words) for a rank that died in `call` (`what`: its name
+        as shown): it crashed (a fatal signal recorded), was killed while
+        stuck (none recorded, the call past the hang threshold), or died."""
+        running, signal = _seconds_text(rank.seconds(call)), rank.contents.fatal_signal
+        if signal:
+            return "crashed", f"crashed in {what} ({signal}, running {running} when it was last alive)"
+        if signal == "" and rank.seconds(call) >= self.hang_seconds:
+            return ("killed_while_stuck",
+                    f"was stuck in {what} for {running} when it was killed from outside (no fatal signal recorded)")
+        unsaid = "; no fatal signal recorded" if signal == "" else ""
+        return "died", f"died in {what} (running {running} when it was last alive{unsaid})"
+
     def _doing(self, rank: RankFile) -> str:
         """What a rank does instead of joining: its call in flight, where it
         waits silently (the heartbeat's stack), or its state."""
@@ -382,7 +395,9 @@ class _Verdict:
             running = _seconds_text(rank.seconds(call))
             if alive:
                 return f"is stuck in {call.name} (running {running}{frozen})"
-            return f"was in {call.name} when it {'died' if rank.state == 'died' else 'exited'} (running {running})"
+            if rank.state == "died":
+                return self._death(rank, call, call.name)[1]
+            return f"was in {call.name} when it exited (running {running})"
         collective = rank.innermost([s for s in rank.in_flight if OP in s.attributes])
         if collective is not None:
             return f"waits in {_op_text(collective)} (running {_seconds_text(rank.seconds(collective))}{frozen})"
@@ -396,7 +411,9 @@ class _Verdict:
         if rank.state == "frozen":
             return f"is {self._frozen(rank)}"
         if rank.state == "died":
-            return f"died with no call in flight (last alive at {timestamp(rank.contents.last_alive, date=False)})"
+            signal = rank.contents.fatal_signal
+            how = f"; {signal} recorded" if signal else "; no fatal signal recorded" if signal == "" else ""
+            return f"died with no call in flight (last alive at {timestamp(rank.contents.last_alive, date=False)}{how})"
         if rank.state == "ended":
             return f"ended normally (at {timestamp(rank.contents.last_alive, date=False)})"
         last = max((s.end_time or 0 for s in rank.kernels), default=0)
@@ -482,9 +499,8 @@ class _Verdict:
             kernels = [s for s in rank.in_flight if OP not in s.attributes]
             call = rank.innermost(kernels)
             if call is not None and rank.state == "died":
-                add((1, call.start_time), rank, "died", call,
-                    f"rank {rank.rank} died in {call.name} (running {_seconds_text(rank.seconds(call))} "
-                    f"when it was last alive){also(rank)}")
+                reason, words = self._death(rank, call, call.name)
+                add((1, call.start_time), rank, reason, call, f"rank {rank.rank} {words}{also(rank)}")
                 continue
             raised = min((s for s in rank.failed if OP not in s.attributes), key=lambda s: s.end_time or 0, default=None)
             if raised is not None:
@@ -546,8 +562,8 @@ class _Verdict:
             for rank in self.ranks.values():
                 collective = rank.innermost([s for s in rank.in_flight if OP in s.attributes])
                 if collective is not None and rank.state == "died" and self._hang(rank, collective):
-                    add((6, collective.start_time), rank, "died", collective,
-                        f"rank {rank.rank} died in {_op_text(collective)}")
+                    reason, words = self._death(rank, collective, _op_text(collective))
+                    add((6, collective.start_time), rank, reason, collective, f"rank {rank.rank} {words}")
                 failed = min((s for s in rank.failed if OP in s.attributes), key=lambda s: s.end_time or 0,
                              default=None)
                 if failed is not None:
@@ -624,6 +640,7 @@ class _Verdict:
             ranks.append({
                 "rank": number, "pid": rank.pid, "host": rank.contents.metadata.get("host"),
                 "file": rank.path, "state": rank.state,
+                "fatal_signal": rank.contents.fatal_signal if rank.state == "died" else None,
                 "ranks": {k: v for k, v in (rank.contents.metadata.get("ranks") or {}).items() if k != "job"},
                 "in_flight": [{"name": s.name, "seconds": round(rank.seconds(s), 1),
                                "collective": _op_text(s) if OP in s.attributes else None}
@@ -647,13 +664,19 @@ def cross_rank(contents: list[TraceFileContents], hang_seconds: float, now: int 
     return verdicts
 
 
+def ending_text(signal: str | None) -> str:
+    """` (SIGSEGV recorded)`, ` (no fatal signal recorded)`, or nothing when not known: how a dead process ended."""
+    return f" ({signal} recorded)" if signal else " (no fatal signal recorded)" if signal == "" else ""
+
+
 def render(verdict: dict) -> list[str]:
     """The verdict as text: its sentence first, then the ranks, groups, suspects."""
     lines = [verdict["verdict"], f"  job {verdict['job']}: {len(verdict['ranks'])} rank(s)"]
     for rank in verdict["ranks"]:
         doing = "; ".join(f"in {c['collective'] or c['name']} for {c['seconds']} s" for c in rank["in_flight"][-2:])
         last = ", ".join(f"{v['op']} #{v['seq']} of {g} ({v['state']})" for g, v in rank["last_collectives"].items())
-        lines.append(f"  rank {rank['rank']}: {rank['state']}, pid {rank['pid']}, {os.path.basename(rank['file'])}"
+        lines.append(f"  rank {rank['rank']}: {rank['state']}{ending_text(rank.get('fatal_signal'))}, pid {rank['pid']}, "
+                     f"{os.path.basename(rank['file'])}"
                      + (f"; {doing}" if doing else "") + (f"; last collective {last}" if last else ""))
     for entry in verdict["collectives"]:
         if entry["waiting"] or entry["failed"]:

@@ -30,8 +30,8 @@ from typing import Any
 from .. import files
 from .._version import __version__
 from ..record import tracefile as fmt
-from ..schema import (BLACKBOX, COLLECTIVE_FIELDS, GRAPH_CALLS, GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY, IN_FLIGHT,
-                      LEVEL, NAME, SEQ, TRACER_NAME)
+from ..schema import (BLACKBOX, COLLECTIVE_FIELDS, FATAL_SIGNAL, GRAPH_CALLS, GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY,
+                      IN_FLIGHT, LEVEL, NAME, SEQ, TRACER_NAME)
 from ..text import utf8
 
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
@@ -99,6 +99,10 @@ class TraceFileContents:
     heartbeat: int = 0  # when the writer last said it was alive (ns; 0: unknown), also while it hangs
     exited: bool = False  # the interpreter exited normally (an EXIT record): not killed, not crashed
     died: int = 0  # when the writer died of a fatal signal, from its traceback file (ns; 0: unknown)
+    # How a writer that died ended: the fatal signal it recorded ("SIGSEGV"), "" when it recorded none
+    # (killed from outside: SIGKILL, a watchdog, the OOM killer; or the machine went down); None: not known.
+    fatal_signal: str | None = None
+    format_version: int | None = None  # a trace file's format (None: OTLP JSON, Jaeger)
     # Where its threads were once silent for a while: ident -> (when written, silent since, frames innermost first)
     stacks: dict = dataclasses.field(default_factory=dict)
     # CUDA graphs the file names: id -> (their captured calls, each (name, input shapes, input dtypes), calls left out)
@@ -121,8 +125,45 @@ def read_trace_file(path: str | os.PathLike) -> TraceFileContents:
         contents = _parse(path, data)
     contents.live = writer_alive(path)
     if not contents.live and not contents.exited:
-        contents.died = death_time(path, contents.last_alive)
+        note_death(contents)
     return contents
+
+
+def note_death(contents: TraceFileContents) -> None:
+    """For a file whose writer neither runs nor exited: when it died of a
+    fatal signal, and which, from faulthandler's traceback beside it; said
+    on each call it left in flight too (FATAL_SIGNAL), for what is exported."""
+    contents.died = death_time(contents.path, contents.last_alive)
+    contents.fatal_signal = fatal_signal(contents.path) if contents.died else ""
+    for span in contents.spans:
+        if span.in_flight:
+            span.attributes[FATAL_SIGNAL] = contents.fatal_signal or "none"
+
+
+# faulthandler's words for the fatal signals it catches.
+_FATAL_WORDS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                "Floating-point exception": "SIGFPE", "Floating point exception": "SIGFPE",
+                "Illegal instruction": "SIGILL"}
+
+
+def said_ending(spans: list[RecoveredSpan]) -> str | None:
+    """How the process of exported spans ended, as its sidecar wrote on the
+    calls it left in flight (FATAL_SIGNAL; see `fatal_signal`); None: not said."""
+    for span in spans:
+        said = span.attributes.get(FATAL_SIGNAL) if span.in_flight else None
+        if said == "none":
+            return ""
+        if said in _FATAL_WORDS.values() or said == "a fatal signal":
+            return said
+    return None
+
+
+def fatal_signal(path: str) -> str:
+    """The fatal signal named by the newest dump of the traceback file of
+    the trace file at `path` ("a fatal signal" when it names none we know)."""
+    text = read_text(fmt.traceback_path(path), limit=1 << 16)
+    words = text.rsplit("Fatal Python error: ", 1)[-1].split("\n", 1)[0].strip() if "Fatal Python error: " in text else ""
+    return _FATAL_WORDS.get(words, "a fatal signal")
 
 
 def death_time(path: str, alive: int) -> int:
@@ -141,7 +182,13 @@ def death_time(path: str, alive: int) -> int:
     finally:
         os.close(fd)
     written = stat.st_mtime_ns
-    return written if stat.st_size and alive < written <= alive + int(2e9 * fmt.HEARTBEAT_S) else 0
+    # A file's times come from the kernel's coarse clock, a tick (up to 10 ms) behind the records' clock.
+    if stat.st_size and alive - _COARSE_CLOCK_NS < written <= alive + int(2e9 * fmt.HEARTBEAT_S):
+        return max(written, alive)
+    return 0
+
+
+_COARSE_CLOCK_NS = 10_000_000
 
 
 @contextlib.contextmanager
@@ -225,6 +272,7 @@ def read_text(path: str, limit: int = 1 << 20) -> str:
 # Format 2 had no high-water mark: its whole ring is scanned. Format 4
 # added the heartbeat at the end of the header and records 3 does not know.
 _PREFIXES = {2: struct.Struct("<8sIIQI"), 3: fmt.HEADER_PREFIX, fmt.FORMAT_VERSION: fmt.HEADER_PREFIX}
+READ_FORMATS = tuple(sorted(_PREFIXES))  # the trace-file formats this reader reads
 
 
 def read_heartbeat(data) -> int:
@@ -321,7 +369,7 @@ def _parse(path: str, data) -> TraceFileContents:
                         "been overwritten, were left out (not counted as in flight)")
     return TraceFileContents(path, metadata, spans, len(entries), skipped, problems, last_time,
                              heartbeat=heartbeat, exited=assembler.exited, graphs=assembler.graph_calls(),
-                             stacks=assembler.stacks)
+                             stacks=assembler.stacks, format_version=struct.unpack_from("<I", data, 8)[0])
 
 
 def with_gaps(entries: list[tuple[int, int, tuple]]) -> list[tuple]:

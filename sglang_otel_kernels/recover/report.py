@@ -13,7 +13,7 @@ from ..record.tracefile import traceback_path
 from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY,
                       GRAPH_SUSPECT, INPUT_PREFIX, NAME, NONFINITE_REQUESTS, PREFIX, REPLAY_NAME, REQUEST_ID, SEQ)
 from .digest import Digest, add_counts, digest, produced_nonfinite
-from .ranks import cross_rank, rank_of, state_of, timestamp
+from .ranks import cross_rank, ending_text, rank_of, state_of, timestamp
 from .ranks import render as render_verdict
 from .reader import RecoveredSpan, TraceFileContents, read_text
 from .stacks import tidy_stacks
@@ -165,6 +165,11 @@ def _graph_of(span: RecoveredSpan, contents: TraceFileContents) -> dict[str, Any
 GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON and the page: all)
 
 
+# The version of `report --json`'s document (docs/report-json.md): raised
+# with each change a reader of the JSON must know of, with the package's.
+REPORT_SCHEMA = 1
+
+
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
                  hang_seconds: float = DEFAULT_HANG_SECONDS, now: int | None = None) -> dict[str, Any]:
     """The report of the files of one or several processes (`render_text`,
@@ -211,11 +216,12 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
             tracebacks[content.path] = text
     jobs = cross_rank(contents, hang_seconds, now)
     return {
+        "schema": REPORT_SCHEMA,
         "cross_rank": jobs[0] if jobs else None,
         "cross_rank_jobs": jobs,
         "files": [
-            {"path": c.path, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"), "running": c.live,
-             "state": state_of(c, now),
+            {"path": c.path, "format_version": c.format_version, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"), "running": c.live,
+             "state": state_of(c, now), "fatal_signal": c.fatal_signal if state_of(c, now) == "died" else None,
              "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
              "spans": item.spans, "problems": c.problems}
             for item, c in zip(digests, contents)
@@ -313,7 +319,8 @@ def render_text(report: dict[str, Any]) -> str:
         out.append("")
     for info in report["files"]:
         ranks = ", ".join(f"{k}={v}" for k, v in info["ranks"].items()) or "no rank"
-        state = ", still running" if info["running"] else ""
+        state = ", still running" if info["running"] else \
+            f", died{ending_text(info['fatal_signal'])}" if info.get("state") == "died" else ""
         out.append(f"{info['path']}: pid {info['pid']} on {info['host']}, {ranks}, {info['spans']} spans{state}")
         out.extend(f"  warning: {problem}" for problem in info["problems"])
     if report.get("skipped_processes"):

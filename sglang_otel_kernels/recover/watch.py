@@ -35,7 +35,7 @@ from .._version import __version__
 from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, NAME, TRACER_NAME
 from .follow import RingFollower
 from .ranks import cross_rank, timestamp
-from .reader import Assembler, TraceFileContents, TraceFileError, death_time, read_heartbeat, writer_alive
+from .reader import Assembler, TraceFileContents, TraceFileError, note_death, read_heartbeat, writer_alive
 from .replay import delivered
 
 VERDICT = "sglang.verdict"
@@ -92,7 +92,7 @@ class LiveFile:
             problems=[], last_time=assembler.last_time, live=writer_alive(self.path),
             heartbeat=read_heartbeat(self.follower.data), exited=assembler.exited, stacks=dict(assembler.stacks))
         if not contents.live and not contents.exited:
-            contents.died = death_time(self.path, contents.last_alive)
+            note_death(contents)
         return contents
 
     def close(self) -> None:
