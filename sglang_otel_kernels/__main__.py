@@ -274,7 +274,7 @@ def _follow(options) -> int:
         print(summary)  # run by hand: the result, on stdout
     elif in_flight or dropped:
         print(f"sglang-otel-kernels: {summary}", file=sys.stderr)  # the sidecar: a note beside the application's output
-    return 0
+    return 1 if dropped and not sent else 0  # it tried and delivered nothing: the cause was said on stderr
 
 
 def _watch(options) -> int:
@@ -469,7 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
         commands, "follow", "export the spans of a live trace file to an OTLP back end as they end (the export sidecar)",
         "Exports the spans of a trace file being written to an OTLP back end as they end, and the calls\n"
         "in flight when its process dies (the export sidecar), until the writer ends.",
-        "0 the writer ended (or Ctrl-C); " + _EXIT_USAGE)
+        "0 the writer ended (or Ctrl-C); 1 the back end took none of the spans sent to it (each cause\n"
+        "said once on stderr: connection refused, TLS verification, HTTP 401/403/413, name not resolved...);\n"
+        + _EXIT_USAGE)
     follow.add_argument("file", metavar="FILE", help="a trace file being written")
     follow.add_argument("--pid", type=int, help="stop when this process ends, after exporting its in-flight calls")
     follow.add_argument("--endpoint", help="OTLP endpoint URL (default: OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT)")

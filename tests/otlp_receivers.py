@@ -5,6 +5,7 @@ they receive, decoded to plain Python values."""
 from __future__ import annotations
 
 import gzip
+import ssl
 import threading
 import time
 from concurrent import futures
@@ -95,7 +96,10 @@ class GrpcReceiver(_Store):
 
 
 class HttpReceiver(_Store):
-    def __init__(self) -> None:
+    """OTLP/HTTP on loopback; with `tls` (certificate, key files) over TLS;
+    `status`: what it answers every export with (200: it takes them)."""
+
+    def __init__(self, tls: "tuple[str, str] | None" = None, status: int = 200) -> None:
         super().__init__()
         store = self
 
@@ -104,8 +108,10 @@ class HttpReceiver(_Store):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
-                if self.path != "/v1/traces" or "protobuf" not in self.headers.get("Content-Type", ""):
-                    self.send_response(404)
+                if self.path != "/v1/traces" or "protobuf" not in self.headers.get("Content-Type", "") \
+                        or status != 200:
+                    self.send_response(404 if status == 200 else status)
+                    self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
                 request = trace_service_pb2.ExportTraceServiceRequest()
@@ -122,10 +128,14 @@ class HttpReceiver(_Store):
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         self.server.shutdown()

@@ -10,7 +10,6 @@ applied here, at export, so that the trace file keeps every call.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -22,6 +21,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, TraceIdRatioBased
 
 from ..notices import warn
+from .export_errors import export_batch
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 DEFAULT_MAX_QUEUE = 2048
@@ -46,36 +46,6 @@ def otlp_protocol(environ: Mapping[str, str] = os.environ) -> str:
         return "grpc"
     return value
 
-
-# Where the official exporters log each failed or retried batch.
-_EXPORTER_LOGGERS = (
-    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-    "opentelemetry.exporter.otlp.common.http",
-    "opentelemetry.exporter.otlp.proto.grpc.exporter",
-    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
-)
-
-
-class _QuietAfterFirstFailure(logging.Filter):
-    """Lets the exporter's first failure messages through (they say why), then
-    silences its per-batch retries: the failure is reported once, and counted."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.quiet = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not self.quiet
-
-
-_exporter_logs = _QuietAfterFirstFailure()
-for _name in _EXPORTER_LOGGERS:
-    logging.getLogger(_name).addFilter(_exporter_logs)
-
-
-def quiet_exporter_logs() -> None:
-    """For a caller that reports failures itself (the replay command)."""
-    _exporter_logs.quiet = True
 
 
 def otlp_exporter(environ: Mapping[str, str] = os.environ) -> SpanExporter:
@@ -151,24 +121,16 @@ class _CountingExporter(SpanExporter):
         if self.owner.paused():
             self.failed += len(spans)
             return SpanExportResult.FAILURE
-        try:
-            result = self.exporter.export(spans)
-        except Exception as exc:  # the SDK would log it per batch
-            result = SpanExportResult.FAILURE
-            detail = f"{type(exc).__name__}: {exc}"
-        else:
-            detail = "the receiver refused or did not answer"
-        self.owner.export_result(result is SpanExportResult.SUCCESS)
-        if result is not SpanExportResult.SUCCESS:
-            self.failed += len(spans)
-            if not self._failure_reported:
-                self._failure_reported = True
-                _exporter_logs.quiet = True
-                warn(
-                    f"OTLP export failed ({detail}); spans that cannot be sent are dropped and counted, "
-                    "kernel calls go on (the trace file keeps them)"
-                )
-        return result
+        why = export_batch(self.exporter, spans)
+        self.owner.export_result(why is None)
+        if why is None:
+            return SpanExportResult.SUCCESS
+        self.failed += len(spans)
+        if not self._failure_reported:
+            self._failure_reported = True
+            warn(f"OTLP export failed: {why}; spans that cannot be sent are dropped and counted, "
+                 "kernel calls go on (the trace file keeps them)")
+        return SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
         self.exporter.shutdown()

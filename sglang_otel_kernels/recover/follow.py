@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from ..notices import warn
 from ..record.export import ExportSampler
+from ..record.export_errors import export_batch
 from .otlp_json import resource_attributes
 from ..record import tracefile as fmt
 from ..schema import FATAL_SIGNAL, HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME
@@ -27,7 +28,7 @@ from .metrics import KernelMetrics
 from .ranks import rank_of_metadata
 from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death_time, fatal_signal, map_trace_file,
                      read_header, read_heartbeat, record_at, scan, with_gaps, writer_alive)
-from .replay import BATCH, FileResource, delivered, readable
+from .replay import BATCH, FileResource, readable
 from .request_copies import RequestTraces
 
 # Spans kept for a back end that does not take them, then the oldest are dropped.
@@ -228,7 +229,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
     hung: set = set()
     hang_ns = int(hang_seconds * 1e9)
     sent = dropped = 0
-    failed_once = False
+    causes: set = set()  # why batches were not taken, each said once
     seen_alive = 0  # when this follower last saw the process alive: a sign of life the file does not hold
 
     def queue(span: RecoveredSpan, now: int, always: bool = False) -> None:
@@ -290,10 +291,12 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                     in_flight += 1
             while outbox.spans:
                 batch = outbox.spans[:BATCH]
-                if not delivered(exporter, batch):
-                    if not failed_once:
-                        warn(f"follow {path}: the back end did not take {len(batch)} spans; retrying")
-                        failed_once = True
+                why = export_batch(exporter, batch)
+                if why is not None:
+                    if why not in causes:  # once per cause: a back end down for an hour is one line, not thousands
+                        causes.add(why)
+                        warn(f"follow {path}: the back end did not take {len(batch)} spans: {why}"
+                             + ("; retrying" if running else ""))
                     break
                 outbox.delivered(len(batch))
                 sent += len(batch)

@@ -16,11 +16,12 @@ from urllib.parse import urlparse
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from ..record import export
+from ..record.export_errors import export_batch, quiet_exporter_logs
 from ..schema import COPY_OF
 from .ledger import read_delivered
 from .otlp_json import exported_attributes, resource_attributes
@@ -93,7 +94,7 @@ def make_exporter(endpoint: str | None, protocol: str | None, timeout_s: float) 
     parsed = urlparse(target)
     if not parsed.hostname or parsed.scheme not in ("http", "https"):
         raise ValueError(f"not an OTLP endpoint URL: {target!r}")
-    export.quiet_exporter_logs()  # replay reports a failure once, itself
+    quiet_exporter_logs()  # its callers say each failure's cause once, themselves
     if protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
@@ -102,15 +103,6 @@ def make_exporter(endpoint: str | None, protocol: str | None, timeout_s: float) 
     from ..record.otlp_encode import DirectGrpcExporter
 
     return DirectGrpcExporter(endpoint=target, insecure=parsed.scheme == "http", timeout=timeout_s), target
-
-
-def delivered(exporter: SpanExporter, batch: list) -> bool:
-    """Whether the back end took `batch`. An exporter that raises has not:
-    the HTTP exporter of OpenTelemetry 1.29 raises on a refused connection."""
-    try:
-        return exporter.export(batch) is SpanExportResult.SUCCESS
-    except Exception:  # noqa: BLE001  (any failure to send is the same to the caller)
-        return False
 
 
 @dataclasses.dataclass
@@ -154,8 +146,9 @@ def replay(
     sent = 0
     for first in range(0, len(work), BATCH):
         batch = work[first : first + BATCH]
-        if not delivered(exporter, batch):
-            raise ConnectionError(f"the back end did not take the spans ({sent} of {len(work)} sent)")
+        why = export_batch(exporter, batch)
+        if why is not None:
+            raise ConnectionError(f"the back end did not take the spans ({sent} of {len(work)} sent): {why}")
         sent += len(batch)
         if progress is not None:
             progress(sent, len(work))

@@ -32,11 +32,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from .._version import __version__
+from ..record.export_errors import export_batch
 from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, NAME, TRACER_NAME
 from .follow import RingFollower
 from .ranks import cross_rank, timestamp
 from .reader import Assembler, TraceFileContents, TraceFileError, note_death, read_heartbeat, writer_alive
-from .replay import delivered
 
 VERDICT = "sglang.verdict"
 NEWEST_CALLS = 200  # ended kernel calls a file keeps for the verdict (it reads the newest)
@@ -161,7 +161,7 @@ def watch(paths: list[str], *, interval: float, hang_seconds: float, stop: threa
     jobs_seen_live: set = set()
     said: dict = {}
     new = 0
-    failed_once = False
+    causes: set = set()  # why verdicts were not taken, each said once
     try:
         while True:
             for path in trace_files(paths):
@@ -187,11 +187,12 @@ def watch(paths: list[str], *, interval: float, hang_seconds: float, stop: threa
                 said[verdict["job"]] = _key(verdict)
                 new += 1
                 say(f"{timestamp(now, date=False)} job {verdict['job']}: {verdict['verdict']}")
-                if exporter is not None and not delivered(exporter, [verdict_span(verdict, contents, now, resource)]):
-                    if not failed_once:
-                        failed_once = True
-                        say("(the OTLP back end did not take the verdict; it is printed here, and tried again "
-                            "with the next one)")
+                why = None if exporter is None else export_batch(exporter, [verdict_span(verdict, contents, now,
+                                                                                          resource)])
+                if why is not None and why not in causes:
+                    causes.add(why)
+                    say(f"(the OTLP back end did not take the verdict: {why}; it is printed here, and tried again "
+                        "with the next one)")
             if on_verdicts is not None:
                 on_verdicts(verdicts)
             if stop.wait(interval):
