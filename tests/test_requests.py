@@ -1,6 +1,9 @@
 """Kernel spans inside request traces: forward_batch, inject and extract."""
 
+import json
+import os
 import pickle
+import signal
 import subprocess
 import sys
 
@@ -145,3 +148,70 @@ def test_inject_extract_across_pickle_and_process(record, provider, tmp_path):
 def test_extract_of_garbage_gives_an_empty_context():
     for junk in ("not a traceparent", {"traceparent": "00-zz-yy-01"}, {}):
         assert not trace.get_current_span(sok.extract(junk)).get_span_context().is_valid
+
+
+FIRST_REQUEST = """
+import os, sys, torch
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+import sglang_otel_kernels as sok
+
+trace.set_tracer_provider(TracerProvider())  # the application's own, before any kernel
+tracer = trace.get_tracer("app")
+embedding = sok.debug_kernel_api(op_name="sglang.custom_op.embedding")(
+    lambda x: os.abort() if sys.argv[1] == "crash" else x)
+with tracer.start_as_current_span("POST /generate", kind=trace.SpanKind.SERVER,
+                                  attributes={"sglang.request.id": "first"}):
+    with tracer.start_as_current_span("tokenize"):
+        pass
+    with tracer.start_as_current_span("forward"):
+        embedding(torch.ones(2))  # the first kernel call of the process: the trace file is attached here
+"""
+
+
+@pytest.mark.parametrize("ending", ["crash", "ends"])
+def test_an_applications_first_request_begun_before_the_first_kernel_is_in_the_file(tmp_path, ending):
+    """The request and its child open at the first kernel call started before the trace file was
+    attached to the application's provider: their starts are recorded all the same (the open span at
+    attachment at once, the others at their end), so the crash report names the request."""
+    (tmp_path / "app.py").write_text(FIRST_REQUEST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off",
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t.sgltrace"))
+    proc = subprocess.run([sys.executable, "app.py", ending], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == (-signal.SIGABRT if ending == "crash" else 0), proc.stderr
+    contents = sok.read_trace_file(tmp_path / "t.sgltrace")
+    assert contents.problems == []  # no "span end(s) whose start is not in the file"
+    spans = {span.name: span for span in contents.spans}
+    assert spans["forward"].parent_span_id == spans["POST /generate"].span_id
+    assert spans["sglang.custom_op.embedding"].parent_span_id == spans["forward"].span_id
+    if ending == "ends":
+        assert not any(span.in_flight for span in contents.spans)
+        assert spans["tokenize"].parent_span_id == spans["POST /generate"].span_id  # ended before: its start too
+        return
+    report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path / "t.sgltrace"),
+                             "--json"], capture_output=True, text=True, timeout=120)
+    [call] = json.loads(report.stdout)["in_flight"]
+    assert call["requests"]["request"] == "POST /generate" and call["requests"]["request_ids"] == ["first"]
+
+
+def test_a_provider_installed_before_the_package_is_imported_says_what_to_do(tmp_path):
+    """Too late to see the spans begin: the span open at the first kernel call is recorded at once, the
+    outer ones at their end, and one line at start-up says that a crash before would not name them, and
+    what to do."""
+    script = FIRST_REQUEST.replace("import sglang_otel_kernels as sok\n", "").replace(
+        "tracer = trace.get_tracer", "import sglang_otel_kernels as sok\ntracer = trace.get_tracer")
+    (tmp_path / "app.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off",
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t.sgltrace"))
+    proc = subprocess.run([sys.executable, "app.py", "ends"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("they are in the trace file only once they end") == 1, proc.stderr
+    assert "call sok.configure(level=...)) before starting spans" in proc.stderr
+    contents = sok.read_trace_file(tmp_path / "t.sgltrace")
+    spans = {span.name: span for span in contents.spans}
+    assert contents.problems == [] and "tokenize" not in spans  # ended before anything was attached
+    assert spans["forward"].parent_span_id == spans["POST /generate"].span_id

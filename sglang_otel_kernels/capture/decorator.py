@@ -30,7 +30,7 @@ from ..record import attributes as _attrs
 from ..record import batches
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.processor import set_writer
-from ..record.setup import make_writer
+from ..record.setup import make_writer, watch_global_provider
 from ..record.spans import KernelSpans, awaited, call_context, parent_context, unwind
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import is_compiling, is_graph_capturing
@@ -54,6 +54,10 @@ class _Runtime:
         # at level-1 detail, which works with OTEL_SDK_DISABLED too).
         self.spans = (KernelSpans(cfg.tracer_provider, sdk=cfg.spans, blackbox=cfg.blackbox)
                       if cfg.spans or cfg.blackbox else None)
+        if cfg.level > 0 and cfg.spans and cfg.tracer_provider is None:
+            # A provider the application installs from now on gets the trace file at once: its
+            # request spans begun before the first kernel call are in the file from their start.
+            watch_global_provider()
         self.span_arguments = cfg.spans and not cfg.blackbox
         # Arguments are described (and, at level 5, their statistics computed)
         # only for a reader: the text log, or a span's attributes.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from time import time_ns
 from operator import attrgetter
 
 from opentelemetry.attributes import BoundedAttributes
@@ -18,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Link, Status, StatusCode
 
-from ..notices import warn_failed_once
+from ..notices import warn, warn_failed_once
 from . import tracefile
 from .tracefile import IDENT, NOTED
 
@@ -160,6 +161,24 @@ class TraceFileProcessor(SpanProcessor):
         self._start, self._end = _getters(private_fields_present() if private is None else private)
         self._scopes: dict = {}
         self._unchanged: dict = {}  # span id: its attributes at its start
+        # Spans of the provider that started before this processor was attached
+        # (an application's request span, begun before its first kernel call)
+        # have no start record: `adopt` writes the open one it is given, the end
+        # writes the others' (`on_end`).
+        self._attached_at = time_ns()
+        self._adopted: set = set()
+
+    def adopt(self, span) -> None:
+        """Records the start of `span`, an open span of the provider that began
+        before this processor was attached (the current one when it is)."""
+        if isinstance(span, ReadableSpan) and span.end_time is None and span.start_time < self._attached_at:
+            self.on_start(span)
+            self._adopted.add(span.get_span_context().span_id)
+            if span.parent is not None and not span.parent.is_remote:
+                warn("the TracerProvider was installed before this package set tracing up, and spans around "
+                     "the first kernel call began before: they are in the trace file only once they end, so a "
+                     "crash before that would not name them. Import sglang_otel_kernels with "
+                     "SGLANG_KERNEL_API_LOGLEVEL set (or call sok.configure(level=...)) before starting spans")
 
     def _scope(self, writer, scope) -> tuple:
         """(the scope, the writer's symbol table, the scope's symbol in it).
@@ -222,6 +241,11 @@ class TraceFileProcessor(SpanProcessor):
         try:
             context, code, description, events, attributes, end = self._end(span)
             trace_id, span_id, _, _, _, _ = context
+            if span.start_time < self._attached_at:  # begun before the file was attached
+                if span_id in self._adopted:
+                    self._adopted.discard(span_id)
+                else:
+                    self.on_start(span)  # its start, late, so that the span is whole
             events = _items(events)  # not `not events`: BoundedList's len is Python code
             attributes = _plain(attributes)
             code = code._value_

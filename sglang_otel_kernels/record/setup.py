@@ -216,8 +216,13 @@ def attach_trace_file(provider) -> None:
                 "and the trace file holds the kernel calls but not its spans"
             )
         return
-    provider.add_span_processor(processor.TraceFileProcessor())
+    recorder = processor.TraceFileProcessor()
+    provider.add_span_processor(recorder)
     _attached.add(provider)
+    # The span open here (an application's request, begun before its first
+    # kernel call) started before the file was attached: recorded now, so a
+    # crash in the kernel still names it.
+    recorder.adopt(trace.get_current_span())
 
 
 def make_writer(cfg: "_config.KernelTraceConfig") -> "tracefile.TraceFileWriter | None":
