@@ -100,9 +100,10 @@ class Otelcol:
     """Our Collector build with a file of collector-config/ and its
     environment, its OTLP/gRPC port free on loopback (OTLP_GRPC_PORT)."""
 
-    def __init__(self, log_dir, name: str, config: str, **env) -> None:
+    def __init__(self, log_dir, name: str, config: "str | list[str]", **env) -> None:
         self.grpc = port()
-        self.config = os.path.join(CONFIG, config)
+        # Several files: the Collector merges them in order (an overlay such as gateway/agent-dns.yaml).
+        self.configs = [os.path.join(CONFIG, each) for each in ([config] if isinstance(config, str) else config)]
         self.env = clean_env(OTLP_GRPC_PORT=str(self.grpc), OTLP_HTTP_PORT=str(port()), METRICS_PORT=str(port()),
                              PROMETHEUS_PORT=str(port()), **env)
         if "ARCHIVE_PATH" in env:
@@ -112,7 +113,7 @@ class Otelcol:
 
     def start(self) -> None:
         """Starts it (again, after `stop` or `kill`: same ports)."""
-        self.process = subprocess.Popen([os.path.join(BIN, "otelcol"), "--config", self.config],
+        self.process = subprocess.Popen([os.path.join(BIN, "otelcol")] + [f"--config={path}" for path in self.configs],
                                         env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         wait("the Collector's OTLP port", self._listening)
 

@@ -78,10 +78,12 @@ class _Store:
 class GrpcReceiver(_Store):
     def __init__(self) -> None:
         super().__init__()
+        self.metadata: list[dict] = []  # each export's gRPC metadata (its headers)
         store = self
 
         class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
             def Export(self, request, context):  # noqa: N802 - the gRPC method's name
+                store.metadata.append(dict(context.invocation_metadata()))
                 store.add(request)
                 return trace_service_pb2.ExportTraceServiceResponse()
 

@@ -45,6 +45,21 @@ def test_metrics_are_served_to_prometheus_on_localhost_by_default(name):
     config = load_collector(name)
     assert config["service"]["pipelines"]["metrics"]["exporters"] == ["prometheus"]
     assert config["exporters"]["prometheus"]["endpoint"] == "127.0.0.1:9464"
+    readers = config["service"]["telemetry"]["metrics"]["readers"]
+    assert readers[0]["pull"]["exporter"]["prometheus"]["host"] == "127.0.0.1"  # METRICS_BIND's default
+
+
+def test_the_compose_files_run_the_versions_the_repository_builds():
+    """The images are those of the Collector and Jaeger that .ci/backends builds from the go.mod
+    files (Jaeger tags each release twice: v1.(N+63).0 for its module, v2.N.0 for the binary)."""
+    collector = re.search(r"go.opentelemetry.io/collector/otelcol v(\S+)", (CONFIG / "collector" / "go.mod").read_text())
+    jaeger = re.search(r"github.com/jaegertracing/jaeger v1\.(\d+)\.(\d+)", (CONFIG / "jaeger" / "go.mod").read_text())
+    want = {"otel/opentelemetry-collector-contrib": collector.group(1),
+            "jaegertracing/jaeger": f"2.{int(jaeger.group(1)) - 63}.{jaeger.group(2)}"}
+    for compose in ("docker-compose.yaml", "gateway/compose.yaml"):
+        for service in yaml.safe_load((CONFIG / compose).read_text())["services"].values():
+            image, tag = service["image"].rsplit(":", 1)
+            assert want[image] == tag, (compose, service["image"])
 
 
 @pytest.mark.parametrize("name, ports", [("otel-collector.yaml", (4317, 4318)), ("gateway/agent.yaml", (4317, 4318)),
@@ -65,11 +80,12 @@ def test_jaeger_configs_listen_on_localhost_and_do_not_trace_themselves():
 
 
 def test_the_agent_routes_by_trace_id_with_a_queue_and_retries():
-    exporter = load_collector("gateway/agent.yaml")["exporters"]["loadbalancing"]
+    exporter = load_collector("gateway/agent.yaml")["exporters"]["load_balancing"]
     assert exporter["routing_key"] == "traceID"
     otlp = exporter["protocol"]["otlp"]
     assert otlp["sending_queue"]["enabled"] and otlp["retry_on_failure"]["enabled"]
-    assert "${env:GATEWAYS}" in (CONFIG / "gateway" / "agent.yaml").read_text()
+    assert otlp["tls"]["insecure"] is True  # plain text between the tiers unless GATEWAY_TLS_INSECURE=false
+    assert "${env:GATEWAYS:-[]}" in (CONFIG / "gateway" / "agent.yaml").read_text()
 
 
 @pytest.mark.parametrize("name", ["otel-collector.yaml", "gateway/gateway.yaml"])
@@ -82,7 +98,7 @@ def test_tail_sampling_keeps_errors_nonfinite_values_and_hung_calls(name):
     assert sorted(flagged) == ["sglang.kernel.has_inf", "sglang.kernel.has_nan", "sglang.kernel.hung"]
     assert 0 < float(policies["probabilistic"]["probabilistic"]["sampling_percentage"]) <= 100
     sampled = config["service"]["pipelines"]["traces/sampled"]
-    assert "tail_sampling" in sampled["processors"] and sampled["exporters"] == ["otlp/jaeger"]
+    assert "tail_sampling" in sampled["processors"] and sampled["exporters"] == ["otlp_grpc/jaeger"]
     archive = config["exporters"]["file/archive"]
     assert archive["format"] == "json" and archive["rotation"]["max_megabytes"] > 0
 

@@ -212,3 +212,118 @@ def test_jaeger_on_badger_keeps_its_traces_across_a_restart_and_searches_error_t
               if kind in ("error", "crash")]
     found = jaeger.search(SERVICE, {"error": "true"})
     assert set(errors) <= found, len(set(errors) - found)
+
+
+def _send_through(agent: Otelcol, count: int) -> set[int]:
+    """`count` traces of one span each sent to `agent` over OTLP/gRPC from this process; their ids."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("tiers")
+    spans = []
+    for number in range(count):
+        span = tracer.start_span(f"call {number}")
+        span.end()
+        spans.append(span)
+    exporter = OTLPSpanExporter(endpoint=agent.endpoint, insecure=True, timeout=10)
+    try:
+        assert exporter.export(spans).name == "SUCCESS"
+    finally:
+        exporter.shutdown()
+    return {span.get_span_context().trace_id for span in spans}
+
+
+def _archived(gateway: Otelcol) -> set[int]:
+    """The trace ids a gateway archived (stopping it first: the file exporter flushes at shutdown)."""
+    gateway.stop()
+    found = set()
+    with open(gateway.env["ARCHIVE_PATH"]) as archive:
+        for line in archive:
+            for resource in json.loads(line)["resourceSpans"]:
+                for scope in resource["scopeSpans"]:
+                    found.update(int(span["traceId"], 16) for span in scope["spans"])
+    return found
+
+
+@pytest.fixture
+def certificate(tmp_path):
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / "key.pem"),
+                    "-out", str(tmp_path / "cert.pem"), "-days", "2", "-subj", "/CN=gateway",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True,
+                   timeout=60)
+    return str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+
+
+@pytest.mark.parametrize("resolver", ["static", "dns"])
+def test_agents_reach_a_gateway_over_tls_by_a_static_list_or_by_dns(tmp_path, certificate, resolver):
+    """The gateway with gateway-tls.yaml, the agent with GATEWAY_TLS_INSECURE=false and the CA; the
+    gateways named by GATEWAYS, or found by GATEWAYS_DNS (agent-dns.yaml). Neither logs a deprecated name."""
+    ensure_built()
+    cert, key = certificate
+    gateway = Otelcol(tmp_path, "gateway", ["gateway/gateway.yaml", "gateway/gateway-tls.yaml"],
+                      TLS_CERT_FILE=cert, TLS_KEY_FILE=key, JAEGER_OTLP_ENDPOINT=f"127.0.0.1:{port()}",
+                      ARCHIVE_PATH=str(tmp_path / "archive" / "gateway.jsonl"))
+    by = ({"GATEWAYS": f"[{gateway.address}]"} if resolver == "static" else
+          {"GATEWAYS_DNS": "localhost", "GATEWAY_PORT": str(gateway.grpc)})
+    agent = Otelcol(tmp_path, "agent", ["gateway/agent.yaml"] + (["gateway/agent-dns.yaml"] if resolver == "dns" else []),
+                    GATEWAY_TLS_INSECURE="false", GATEWAY_TLS_CA_FILE=cert, **by)
+    try:
+        time.sleep(1 if resolver == "static" else 6)  # the DNS resolver's first answer
+        sent = _send_through(agent, 20)
+        agent.stop()  # flushes its queue to the gateway
+        assert _archived(gateway) == sent
+    finally:
+        agent.close()
+        gateway.close()
+    for log in ("agent", "gateway"):
+        text = (tmp_path / f"{log}.log").read_text()
+        assert "deprecated" not in text, text[-2000:]
+
+
+def test_an_agent_without_the_gateways_ca_delivers_nothing_and_counts_it(tmp_path, certificate):
+    ensure_built()
+    cert, key = certificate
+    gateway = Otelcol(tmp_path, "gateway", ["gateway/gateway.yaml", "gateway/gateway-tls.yaml"],
+                      TLS_CERT_FILE=cert, TLS_KEY_FILE=key, JAEGER_OTLP_ENDPOINT=f"127.0.0.1:{port()}",
+                      ARCHIVE_PATH=str(tmp_path / "archive" / "gateway.jsonl"))
+    agent = Otelcol(tmp_path, "agent", "gateway/agent.yaml", GATEWAY_TLS_INSECURE="false",
+                    GATEWAYS=f"[{gateway.address}]")
+    try:
+        _send_through(agent, 5)
+        wait("the agent's failed sends", lambda: "x509" in (tmp_path / "agent.log").read_text()
+             or "certificate" in (tmp_path / "agent.log").read_text(), timeout=60)
+    finally:
+        agent.kill()
+        gateway.close()
+    assert not os.path.exists(gateway.env["ARCHIVE_PATH"]) or _lines(gateway.env["ARCHIVE_PATH"]) == 0
+
+
+def _lines(path: str) -> int:
+    with open(path) as handle:
+        return sum(1 for _ in handle)
+
+
+def test_the_agent_sends_the_authorization_header_it_is_given(tmp_path):
+    """A gateway stand-in that keeps each export's gRPC metadata: what a proxy in front of the gateways sees."""
+    from otlp_receivers import GrpcReceiver
+
+    ensure_built()
+    receiver = GrpcReceiver()
+    agent = Otelcol(tmp_path, "agent", "gateway/agent.yaml", GATEWAYS=f"[127.0.0.1:{receiver.port}]",
+                    GATEWAY_AUTHORIZATION="Bearer t0k3n")
+    try:
+        sent = _send_through(agent, 3)
+        receiver.wait_for(lambda spans: {span["trace_id"] for span in spans} == sent)
+    finally:
+        agent.close()
+        receiver.stop()
+    assert receiver.metadata and all(headers.get("authorization") == "Bearer t0k3n" for headers in receiver.metadata)
+
+
+def test_the_single_collector_starts_with_current_component_names(tmp_path):
+    ensure_built()
+    collector = Otelcol(tmp_path, "single", "otel-collector.yaml", JAEGER_OTLP_ENDPOINT=f"127.0.0.1:{port()}",
+                        ARCHIVE_PATH=str(tmp_path / "archive" / "kernels.jsonl"))
+    collector.close()
+    text = (tmp_path / "single.log").read_text()
+    assert "Everything is ready" in text and "deprecated" not in text, text[-2000:]
