@@ -224,3 +224,12 @@ def test_the_format_page_gives_the_writers_layouts_and_constants():
     listed = re.findall(r"`([^`]+)`", flat.split("as a tuple in the order ")[1].split("(None")[0])
     assert [name if name.startswith("sglang.") else "sglang.collective" + name for name in listed] == \
         list(fmt.COLLECTIVE_FIELDS)
+
+
+def test_walkthroughs_stop_processes_by_pid_or_group_never_by_name():
+    """`pkill -f NAME` kills every process whose command line holds NAME: on a shared
+    serving node, other users' jobs too."""
+    for path in ["README.md", *(os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs")))]:
+        if path.endswith(".md"):
+            text = open(os.path.join(ROOT, path)).read()
+            assert not re.search(r"\b(pkill|killall)\b", text), path

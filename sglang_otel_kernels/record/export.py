@@ -47,7 +47,6 @@ def otlp_protocol(environ: Mapping[str, str] = os.environ) -> str:
     return value
 
 
-
 def otlp_exporter(environ: Mapping[str, str] = os.environ) -> SpanExporter:
     """The official exporter (over gRPC, with our encoding of the request);
     it reads the endpoint, headers, TLS, compression and timeout from the
@@ -114,7 +113,7 @@ class _CountingExporter(SpanExporter):
         self.owner = owner
         self.taken = 0
         self.failed = 0
-        self._failure_reported = False
+        self._causes: set = set()  # why batches failed, each said once
 
     def export(self, spans) -> SpanExportResult:
         self.taken += len(spans)
@@ -126,8 +125,8 @@ class _CountingExporter(SpanExporter):
         if why is None:
             return SpanExportResult.SUCCESS
         self.failed += len(spans)
-        if not self._failure_reported:
-            self._failure_reported = True
+        if why not in self._causes:
+            self._causes.add(why)
             warn(f"OTLP export failed: {why}; spans that cannot be sent are dropped and counted, "
                  "kernel calls go on (the trace file keeps them)")
         return SpanExportResult.FAILURE

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from time import time_ns
 from operator import attrgetter
+from time import time_ns
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource

@@ -411,9 +411,8 @@ class _Verdict:
         if rank.state == "frozen":
             return f"is {self._frozen(rank)}"
         if rank.state == "died":
-            signal = rank.contents.fatal_signal
-            how = f"; {signal} recorded" if signal else "; no fatal signal recorded" if signal == "" else ""
-            return f"died with no call in flight (last alive at {timestamp(rank.contents.last_alive, date=False)}{how})"
+            return (f"died with no call in flight (last alive at {timestamp(rank.contents.last_alive, date=False)})"
+                    f"{ending_text(rank.contents.fatal_signal)}")
         if rank.state == "ended":
             return f"ended normally (at {timestamp(rank.contents.last_alive, date=False)})"
         last = max((s.end_time or 0 for s in rank.kernels), default=0)
