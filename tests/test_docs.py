@@ -26,7 +26,7 @@ from backends import ensure_built, port
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The documents run, and the section of each that is its quick start (None: all of it).
 QUICK_STARTS = {"README.md": None, "docs/sglang.md": "Quick start", "docs/crashed.md": None,
-                "docs/scale.md": "A fleet, step by step"}
+                "docs/scale.md": "A fleet, step by step", "docs/multi-gpu.md": "Walkthrough"}
 # A server's stand-in: an SGLang-named kernel whose process dies inside it, as an illegal memory access kills one.
 SERVER = ("import os, torch, sglang_otel_kernels as sok\n"
           "kernel = sok.debug_kernel_api(op_name='sglang.custom_op.moe_align_block_size')(lambda x: os.abort())\n"
