@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -52,17 +53,18 @@ _VERIFY = re.compile(r"certificate[ _]verify[ _]failed: ([^(\]':\n]+)", re.IGNOR
 
 
 class _ExporterLogs(logging.Filter):
-    """On the exporters' loggers: while `kept` is a list, their messages go
-    there instead of being printed; else they pass until `quiet` (a caller
-    that says failures itself)."""
+    """On the exporters' loggers: while this thread exports a batch here,
+    their messages go to its list instead of being printed (an exporter
+    logs in the thread that calls it); else they pass until `quiet` (a
+    caller that says failures itself)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.quiet = False
-        self.kept: "list[str] | None" = None
+        self.exporting = threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        kept = self.kept
+        kept = getattr(self.exporting, "kept", None)
         if kept is not None:
             if len(kept) < _KEPT:
                 try:
@@ -106,7 +108,7 @@ def export_batch(exporter: SpanExporter, batch: list) -> "str | None":
     exporter that raises has not taken it (OpenTelemetry 1.29's HTTP
     exporter raises on a refused connection)."""
     kept: list[str] = []
-    _logs.kept = kept  # one export at a time: each process exports from one thread
+    _logs.exporting.kept = kept
     try:
         if exporter.export(batch) is SpanExportResult.SUCCESS:
             return None
@@ -114,4 +116,4 @@ def export_batch(exporter: SpanExporter, batch: list) -> "str | None":
     except Exception as exc:  # noqa: BLE001 - any failure to send is the same to the caller
         return cause(kept + [f"{type(exc).__name__}: {exc}"])
     finally:
-        _logs.kept = None
+        _logs.exporting.kept = None
