@@ -6,7 +6,7 @@ trace file alone cannot say where it is. The writer's heartbeat thread looks
 at each thread's call counter once a second (tracefile.per_thread: nothing
 is added to the kernel path); a thread that has recorded calls and then
 records none for SGLANG_KERNEL_API_HANG_SECONDS gets its Python stack
-written into the trace file as a STACK record: at most MAX_FRAMES frames,
+written into the trace file as a STACK record: at most MAX_STACK_FRAMES frames,
 once per silent period, and again when the stack changes or the ring wraps
 (so that a long silence survives the laps of a busy process).
 """
@@ -17,17 +17,16 @@ import sys
 import threading
 
 from . import tracefile
-from .tracefile import CALLS, STACK
+from .tracefile import CALLS, MAX_STACK_FRAMES, STACK
 
-MAX_FRAMES = 64
 _FILE_LENGTH = 200  # the end of a long path is the part that tells
 _SLACK = 64  # states of threads that ended, kept until there are more than this
 
 
 def stack_of(frame) -> tuple:
-    """(file, line, function) of each frame from `frame` outwards, at most MAX_FRAMES."""
+    """(file, line, function) of each frame from `frame` outwards, at most MAX_STACK_FRAMES."""
     frames = []
-    while frame is not None and len(frames) < MAX_FRAMES:
+    while frame is not None and len(frames) < MAX_STACK_FRAMES:
         code = frame.f_code
         frames.append((code.co_filename[-_FILE_LENGTH:], frame.f_lineno or 0, code.co_name))
         frame = frame.f_back

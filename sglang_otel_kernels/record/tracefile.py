@@ -168,6 +168,7 @@ IDENTITY = "I"  # (IDENTITY, {"rank": 0, "world_size": 8, "tp_rank": 0, "job": .
 EXIT = "Q"  # (EXIT, time): the interpreter exited normally (atexit ran); a process that died has none
 GRAPH = "G"  # (GRAPH, graph id, calls, calls left out): a CUDA graph's captured kernels, each (name, shapes, dtypes)
 STACK = "S"  # (STACK, thread ident, time, silent since, frames): where a thread silent for a while is, innermost first
+MAX_STACK_FRAMES = 64  # frames a STACK record holds at most
 MAX_GRAPH_CALLS = 4096
 
 # A collective's attributes in a KERNEL_SPAN record: one tuple under one key

@@ -22,12 +22,12 @@ from ..record.export import ExportSampler
 from ..record.export_errors import export_batch
 from .otlp_json import resource_attributes
 from ..record import tracefile as fmt
-from ..schema import FATAL_SIGNAL, HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME
+from ..schema import HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME
 from .ledger import Ledger
 from .metrics import KernelMetrics
 from .ranks import rank_of_metadata
-from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death_time, fatal_signal, map_trace_file,
-                     read_header, read_heartbeat, record_at, scan, with_gaps, writer_alive)
+from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death, map_trace_file, read_header,
+                     read_heartbeat, record_at, scan, with_gaps, writer_alive)
 from .replay import BATCH, FileResource, readable
 from .request_copies import RequestTraces
 
@@ -281,12 +281,10 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                     queue(span, now, always=True)
             if not running:
                 last_alive = max(assembler.last_time, read_heartbeat(follower.data), seen_alive)
-                died = 0 if assembler.exited else death_time(path, last_alive)
-                # How it ended, on each call it left in flight: a hang killed from outside is no crash.
-                ended = {} if assembler.exited else {FATAL_SIGNAL: (fatal_signal(path) if died else "") or "none"}
-                last_alive = died or last_alive
-                for span in assembler.in_flight():
-                    span.attributes.update(ended)
+                left = assembler.in_flight()
+                if not assembler.exited:  # how it died, on each call it left in flight: a hang killed is no crash
+                    last_alive = death(path, last_alive, left)[0] or last_alive
+                for span in left:
                     queue(span, last_alive, always=True)
                     in_flight += 1
             while outbox.spans:

@@ -25,7 +25,7 @@ import operator
 import os
 import struct
 import zlib
-from typing import Any
+from typing import Any, Iterable
 
 from .. import files
 from .._version import __version__
@@ -130,14 +130,21 @@ def read_trace_file(path: str | os.PathLike) -> TraceFileContents:
 
 
 def note_death(contents: TraceFileContents) -> None:
-    """For a file whose writer neither runs nor exited: when it died of a
-    fatal signal, and which, from faulthandler's traceback beside it; said
-    on each call it left in flight too (FATAL_SIGNAL), for what is exported."""
-    contents.died = death_time(contents.path, contents.last_alive)
-    contents.fatal_signal = fatal_signal(contents.path) if contents.died else ""
-    for span in contents.spans:
+    """For a file whose writer neither runs nor exited: when and how it died (`death`)."""
+    contents.died, contents.fatal_signal = death(contents.path, contents.last_alive, contents.spans)
+
+
+def death(path: str, alive: int, spans: Iterable[RecoveredSpan]) -> tuple[int, str]:
+    """(when, of which fatal signal) the writer of the file at `path`, last
+    alive at `alive`, died, from faulthandler's traceback beside it: (0, "")
+    when it recorded none. Said on each of `spans` in flight too
+    (FATAL_SIGNAL), for what is exported of them."""
+    died = death_time(path, alive)
+    signal = fatal_signal(path) if died else ""
+    for span in spans:
         if span.in_flight:
-            span.attributes[FATAL_SIGNAL] = contents.fatal_signal or "none"
+            span.attributes[FATAL_SIGNAL] = signal or "none"
+    return died, signal
 
 
 # faulthandler's words for the fatal signals it catches.
@@ -575,12 +582,9 @@ def _symbol(value):
     return None
 
 
-_MAX_FRAMES = 64
-
-
 def _frames(value) -> "tuple | None":
-    """A STACK record's frames, each (file, line, function), at most _MAX_FRAMES; None when malformed."""
-    if type(value) is not tuple or len(value) > _MAX_FRAMES:
+    """A STACK record's frames, each (file, line, function), at most MAX_STACK_FRAMES; None when malformed."""
+    if type(value) is not tuple or len(value) > fmt.MAX_STACK_FRAMES:
         return None
     frames = []
     for frame in value:
