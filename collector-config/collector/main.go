@@ -1,6 +1,6 @@
 // An OpenTelemetry Collector with exactly the components
 // ../otel-collector.yaml and ../gateway/ use, all at one collector release
-// (see go.mod): the OTLP receiver; the batch, memory_limiter and
+// (see go.mod): the OTLP receiver; the batch, memory_limiter, filter and
 // tail_sampling processors; the OTLP, file, loadbalancing and prometheus
 // exporters.
 // Built by ../../.ci/backends.
@@ -12,6 +12,7 @@ import (
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/loadbalancingexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/prometheusexporter"
+	"github.com/open-telemetry/opentelemetry-collector-contrib/processor/filterprocessor"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/processor/tailsamplingprocessor"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/confmap"
@@ -36,6 +37,7 @@ func components() (otelcol.Factories, error) {
 	}
 	if factories.Processors, err = otelcol.MakeFactoryMap[processor.Factory](
 		batchprocessor.NewFactory(), memorylimiterprocessor.NewFactory(), tailsamplingprocessor.NewFactory(),
+		filterprocessor.NewFactory(),
 	); err != nil {
 		return factories, err
 	}
