@@ -24,6 +24,7 @@ from ._version import __version__
 from .capture.patches import Instrumentation
 from .capture.paths import ENV_PATHS, instrument, instrument_from_env
 from .config import KernelTraceConfig, configure, get_config
+from .record.core import NATIVE
 from .record.processor import trace_file_path
 from .recover.reader import RecoveredSpan, TraceFileContents, TraceFileError, read_trace, read_trace_file
 
@@ -83,6 +84,7 @@ if get_config().level > 0 and get_config().collectives:
 __all__ = [
     "Instrumentation",
     "KernelTraceConfig",
+    "NATIVE",
     "RecoveredSpan",
     "TraceFileContents",
     "TraceFileError",

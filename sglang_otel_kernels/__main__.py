@@ -355,13 +355,15 @@ class _Version(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         from ._version import __version__
+        from .record import core
         from .record.tracefile import FORMAT_VERSION
         from .recover.reader import READ_FORMATS
         from .recover.report import REPORT_SCHEMA
 
         print(f"{parser.prog} {__version__}\n"
               f"trace file format: writes {FORMAT_VERSION}, reads {', '.join(map(str, READ_FORMATS))}\n"
-              f"report --json schema: {REPORT_SCHEMA}")
+              f"report --json schema: {REPORT_SCHEMA}\n"
+              f"recording core: {core.describe()}")
         parser.exit()
 
 
@@ -372,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "Each command's --help says what it does and its exit codes.",
     )
     parser.add_argument("--version", action=_Version, nargs=0,
-                        help="show the version and the trace-file and JSON formats it reads and writes, and exit")
+                        help="show the version, the trace-file and JSON formats it reads and writes, and the recording core in use, and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = _command(
         commands, "demo", "run the example service with a request that makes a kernel fail, then print the crash report",

@@ -13,6 +13,8 @@ import time
 import urllib.parse
 import urllib.request
 
+from conftest import clean_env  # noqa: F401  (the tests import it from here too)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, ".backends", "bin")
 CONFIG = os.path.join(ROOT, "collector-config")
@@ -46,12 +48,6 @@ def wait(what: str, probe, timeout: float = 60.0):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout} s")
         time.sleep(0.25)
-
-
-def clean_env(**settings) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
-    env.update(settings)
-    return env
 
 
 class Jaeger:

@@ -49,11 +49,24 @@ def record(provider):
     return setup
 
 
+# The recording core the whole run tests (SGLANG_KERNEL_API_NATIVE): its
+# children record with the same one.
+CORE_VARIABLE = "SGLANG_KERNEL_API_NATIVE"
+
+
+def clean_env(*prefixes: str, **settings: str) -> dict:
+    """This process's environment less our variables, the OTEL_* ones and
+    those of `prefixes` (but for the core under test), plus `settings`."""
+    env = {k: v for k, v in os.environ.items()
+           if k == CORE_VARIABLE or not k.startswith(("SGLANG_KERNEL_API", "OTEL_", *prefixes))}
+    env.update(settings)
+    return env
+
+
 def run_python(script: str, cwd, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs `script` in a fresh interpreter in `cwd`, with none of our or the
     OTEL_* variables of this process, plus `env`."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
-    clean.update(env or {})
+    clean = clean_env(**(env or {}))
     return subprocess.run(
         [sys.executable, "-c", script], cwd=cwd, env=clean, capture_output=True, text=True, timeout=timeout
     )

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import run_python
+from conftest import clean_env, run_python
 
 COMMANDS = ("demo", "report", "replay", "export", "rerun", "follow", "watch", "run")
 
@@ -58,7 +58,7 @@ def test_export_accepts_a_directory_like_report(tmp_path):
 
 
 def test_run_without_a_level_says_it_records_nothing(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     quiet = cli("run", "--", sys.executable, "-c", "print('app ran')", cwd=tmp_path, env=env)
     assert quiet.returncode == 0 and quiet.stdout == "app ran\n"
     assert "the level is 0" in quiet.stderr and "--level 1" in quiet.stderr

@@ -15,7 +15,7 @@ import pytest
 
 import sglang_otel_kernels as sok
 from backends import port
-from conftest import run_python
+from conftest import clean_env, run_python
 from otlp_receivers import GrpcReceiver
 
 ONE_RANK = """
@@ -180,7 +180,7 @@ def test_the_sidecar_exports_a_hung_call_early_and_its_final_span_holds_it():
         directory = __import__("tempfile").mkdtemp()
         child = subprocess.Popen([sys.executable, "-c", HUNG], cwd=directory, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True,
-                                 env={**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SGLANG_"))},
+                                 env={**clean_env("SGLANG_"),
                                       "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
                                       "SGLANG_KERNEL_API_HANG_SECONDS": "1"})
         [early] = receiver.wait_for(lambda got: any(s["attributes"].get("sglang.kernel.hung") for s in got), timeout=30)

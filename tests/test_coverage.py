@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 import sglang_otel_kernels as sok
-from conftest import run_python
+from conftest import clean_env, run_python
 from sglang_otel_kernels.integrations.opentelemetry import KernelInstrumentor
 
 K = "sglang.kernel."
@@ -299,7 +299,7 @@ def test_run_launcher_instruments_a_program_that_never_imports_this_package(tmp_
     (tmp_path / "envmod.py").write_text(MODULE_SOURCE)
     (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
     script = "import torch, os, envmod\nenvmod.kernel(torch.ones(1))\nprint(os.environ.get('CHAINED'))\n"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(PYTHONPATH=str(tmp_path), SGLANG_KERNEL_API_LOGDEST="off",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t_%i.sgltrace"))
     proc = subprocess.run(
@@ -326,7 +326,7 @@ def test_run_launcher_reaches_processes_the_program_spawns(tmp_path):
             child.join()
             print(child.pid, child.exitcode)
     """))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(PYTHONPATH=str(tmp_path), SGLANG_KERNEL_API_LOGDEST="off",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t_%i.sgltrace"))
     proc = subprocess.run(
@@ -375,7 +375,7 @@ def test_opentelemetry_instrument_turns_recording_on(tmp_path):
         envmod.kernel(torch.ones(1))
         print(sok.get_config().level, [s.name for s in sok.read_trace(sok.trace_file_path())])
     """))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(PYTHONPATH=str(tmp_path), SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_INSTRUMENT="envmod:kernel",
                OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
     instrument = os.path.join(os.path.dirname(sys.executable), "opentelemetry-instrument")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import sglang_otel_kernels as sok
-from conftest import run_python
+from conftest import clean_env, run_python
 
 WORKER = Path(__file__).with_name("crash_worker.py")
 KERNEL = "sglang.custom_op.kernel"
@@ -139,9 +139,7 @@ def test_unhandled_exception_and_normal_exit(tmp_path):
 
 
 def run_env():
-    import os
-
-    return {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    return clean_env()
 
 
 def test_normal_exit_with_spans_open_is_in_flight(tmp_path):

@@ -1,11 +1,11 @@
 """The README's main job: the demo, in-process and with a real crash."""
 
-import os
 import re
 import subprocess
 import sys
 
 from otlp_receivers import GrpcReceiver
+from conftest import clean_env
 
 
 def demo(tmp_path, *args):
@@ -90,7 +90,7 @@ def test_cli_rejects_unknown_command():
 def test_demo_crash_with_an_endpoint_exports_the_call_in_flight(tmp_path):
     receiver = GrpcReceiver()
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+        env = clean_env()
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
         proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "demo", "--crash"], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=300)

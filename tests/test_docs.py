@@ -22,6 +22,7 @@ import urllib.request
 import pytest
 
 from backends import ensure_built, port
+from conftest import clean_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The documents run, and the section of each that is its quick start (None: all of it).
@@ -149,7 +150,7 @@ def test_every_command_and_code_block_of_the_quick_starts_runs(document, tmp_pat
             (scratch / name.group(1)).write_text(body)
     script, commands = _script(blocks)
     assert commands, f"{document}: no command found"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_", "JAEGER_"))}
+    env = clean_env("JAEGER_")
     query = f"127.0.0.1:{port()}"
     env.update(PATH=os.path.dirname(sys.executable) + os.pathsep + env["PATH"], SCRATCH=str(scratch),
                JAEGER_OTLP_GRPC=f"127.0.0.1:{port()}", JAEGER_QUERY_HTTP=query, JAEGER_QUERY_GRPC=f"127.0.0.1:{port()}")

@@ -15,7 +15,7 @@ import torch
 
 import dump_kernels
 import sglang_otel_kernels as sok
-from conftest import run_python
+from conftest import clean_env, run_python
 from sglang_otel_kernels.__main__ import main as cli
 
 K = "sglang.kernel."
@@ -320,7 +320,7 @@ def test_rerun_of_a_script_function_suggests_a_name_that_works_and_skips_what_th
         "if __name__ == '__main__':\n"
         "    print('main block ran')\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update({"SGLANG_KERNEL_API_LOGLEVEL": "10", "SGLANG_KERNEL_API_LOGDEST": "off",
                 "SGLANG_KERNEL_API_TRACEFILE": "off", "SGLANG_KERNEL_API_DUMP_DIR": "dumps"})
     ran = subprocess.run([sys.executable, "my_script.py"], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import sglang_otel_kernels as sok
-from conftest import run_python
+from conftest import clean_env, run_python
 from otlp_receivers import GrpcReceiver
 from sglang_otel_kernels.record import tracefile as fmt
 from sglang_otel_kernels.recover.follow import RingFollower
@@ -65,7 +65,7 @@ def test_a_second_process_on_a_fixed_path_gets_its_own_file_and_the_first_lives(
     path = str(tmp_path / "fixed.sgltrace")
     script = tmp_path / "writer.py"
     script.write_text(TWO_WRITERS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     gate = str(tmp_path / "second-done")
     first = subprocess.Popen([sys.executable, str(script), path, str(tmp_path / "first"), "40", gate],
                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -119,7 +119,7 @@ if __name__ == "__main__":
 
 def test_spawned_children_of_a_fixed_path_write_their_own_files(tmp_path):
     (tmp_path / "app.py").write_text(SPAWN_PARENT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "server.sgltrace"))
     proc = subprocess.run([sys.executable, "app.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -253,7 +253,7 @@ for i in range(10):
 def test_a_restart_on_the_same_path_keeps_the_crashed_run(tmp_path):
     # Containers run the server as pid 1 on every restart: `trace_%i` names the same file.
     (tmp_path / "server.py").write_text(CRASHING_RUN)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     crashed = subprocess.run([sys.executable, "server.py", "4"], cwd=tmp_path, env=env, capture_output=True,
                              timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
     assert crashed.returncode == -signal.SIGABRT
@@ -316,19 +316,19 @@ def test_a_start_whose_end_a_later_lap_overwrote_is_not_in_flight(record, provid
     kernel()
     writer = processor.current_writer()
     capacity = writer.capacity
-    while writer._offset < capacity - 600:
+    while writer._core.offset < capacity - 600:
         kernel()
     long_span = tracer.start_span("long request")
-    start_offset = writer._offset
+    start_offset = writer._core.offset
     while writer.wraps == 0:
         kernel()
     kernel()
     long_span.end()  # its end record sits at the start of the second lap
-    while writer._offset < start_offset - 8000:
+    while writer._core.offset < start_offset - 8000:
         kernel()
     # Too big for what is left of the lap: the ring wraps early, and this
     # record covers the long span's end, not its start.
-    with tracer.start_as_current_span("big", attributes={"blob": "x" * (capacity - writer._offset + 100)}):
+    with tracer.start_as_current_span("big", attributes={"blob": "x" * (capacity - writer._core.offset + 100)}):
         pass
     assert writer.wraps == 2
     sok.configure(trace_file="off")  # closes the file, a clean exit
@@ -402,7 +402,7 @@ def test_a_sidecar_lapped_by_its_writer_exports_no_invented_span(tmp_path, recei
                     k(torch.ones(2), i)
             r += 1
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="1",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t_%i.sgltrace"), SGLANG_KERNEL_API_TRACEFILE_SIZE="64K",
                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
@@ -440,7 +440,7 @@ print(sok.trace_file_path())
 
 @pytest.mark.parametrize("mode", ["in-process", "sidecar", "blackbox-sidecar"])
 def test_a_message_that_is_not_utf8_reaches_the_back_end_with_every_other_span(tmp_path, receiver, mode):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="stdout",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t_%i.sgltrace"),
                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, PYTHONIOENCODING="utf-8:strict")
@@ -682,7 +682,7 @@ def test_the_sidecar_runs_the_installed_package_not_one_in_the_working_directory
         for _ in range(5):
             k(torch.ones(2))
     """))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="1",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t_%i.sgltrace"), OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
     proc = subprocess.run([sys.executable, str(app)], cwd=tmp_path / "cwd", env=env, capture_output=True, text=True,
@@ -707,7 +707,7 @@ def test_a_live_writer_is_reported_as_running_not_crashed(tmp_path):
 
         wait(torch.ones(2))
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=env)
     try:
         deadline = time.monotonic() + 60

@@ -2,7 +2,6 @@
 traceparent, batched forward passes, OTLP to a real receiver on loopback."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import urllib.request
 
 import sglang_otel_kernels as sok
 from otlp_receivers import GrpcReceiver
+from conftest import clean_env
 
 KERNELS = {"sglang.custom_op.embedding", "sglang.custom_op.rmsnorm", "sglang.quant_method.UnquantizedLinearMethod.apply"}
 
@@ -46,7 +46,7 @@ def kernels_serving(trace_id, spans):
 
 def test_requests_reach_their_kernels_in_the_back_end(tmp_path):
     receiver = GrpcReceiver()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true",
                OTEL_SERVICE_NAME="example", OTEL_BSP_SCHEDULE_DELAY="100")
     server = subprocess.Popen(
@@ -105,7 +105,7 @@ def _raw_post(port, body: bytes, headers=None):
 
 
 def start_service(tmp_path, env_settings: dict, *options: str):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(env_settings)
     server = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels.example.server", "--port", "0", *options],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

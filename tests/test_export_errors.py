@@ -3,13 +3,12 @@ nothing exits non-zero: `follow` (the export sidecar) and `replay` against
 real failures on loopback: nothing listening, a TLS certificate that does
 not verify, an HTTP 401, a name that does not resolve."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import run_python
+from conftest import clean_env, run_python
 from otlp_receivers import HttpReceiver
 from sglang_otel_kernels.record.export_errors import cause
 
@@ -34,9 +33,9 @@ def _closed_port() -> int:
 
 
 def _env(**more) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))
-           and k not in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")}
-    env.update(more)
+    env = clean_env(**more)
+    for variable in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        env.pop(variable, None)
     return env
 
 

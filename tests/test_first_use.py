@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import sglang_otel_kernels as sok
-from conftest import run_python
+from conftest import clean_env, run_python
 from otlp_receivers import GrpcReceiver
 
 CLI = os.path.join(os.path.dirname(sys.executable), "sglang-otel-kernels")  # the installed console script
@@ -70,7 +70,7 @@ def test_follow_without_pid_ends_when_the_writer_ends_and_prints_a_summary(tmp_p
                     k(torch.ones(1))
                 time.sleep(2)
             """)], cwd=tmp_path, text=True,
-            env={**{k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))},
+            env={**clean_env(),
                  "SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_LOGDEST": "off",
                  "SGLANG_KERNEL_API_TRACEFILE": "t.sgltrace"})
         follow = subprocess.run([CLI, "follow", "t.sgltrace", "--endpoint", receiver.endpoint, "--interval", "0.1"],
@@ -93,13 +93,14 @@ def test_report_rounds_statistics_and_version_is_printed(tmp_path):
     report = subprocess.run([CLI, "report", "t.sgltrace"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert "min=0.1, max=0.4, mean=0.233333," in report.stdout, report.stdout
     version = subprocess.run([CLI, "--version"], capture_output=True, text=True, timeout=60)
+    from sglang_otel_kernels.record import core
     from sglang_otel_kernels.record.tracefile import FORMAT_VERSION
     from sglang_otel_kernels.recover.report import REPORT_SCHEMA
 
     # The version, and what this build writes and reads: two builds that read different files differ here.
     assert version.returncode == 0 and version.stdout.splitlines() == [
         f"sglang-otel-kernels {sok.__version__}", f"trace file format: writes {FORMAT_VERSION}, reads 2, 3, 4",
-        f"report --json schema: {REPORT_SCHEMA}"]
+        f"report --json schema: {REPORT_SCHEMA}", f"recording core: {core.describe()}"]
     assert importlib.metadata.version("sglang-otel-kernels") == sok.__version__  # what pip installed says the same
     assert shutil.which(CLI)
 

@@ -12,6 +12,7 @@ import pytest
 from otlp_receivers import GrpcReceiver
 from sglang_otel_kernels.record import tracefile
 from sglang_otel_kernels.recover.follow import RingFollower
+from conftest import clean_env
 
 K = "sglang.kernel."
 
@@ -71,14 +72,14 @@ def test_a_half_written_record_is_read_once_it_is_whole(tmp_path):
     writer.append((tracefile.FAILURE, 1, "E", ""))
     follower = RingFollower(writer.path)
     follower.poll()
-    offset = writer._offset
+    offset = writer._core.offset
     writer.append((tracefile.FAILURE, 2, "E", "y" * 100))
-    whole = bytes(writer._view[tracefile.HEADER_SIZE + offset : tracefile.HEADER_SIZE + writer._offset])
+    whole = bytes(writer._view[tracefile.HEADER_SIZE + offset : tracefile.HEADER_SIZE + writer._core.offset])
     # As a reader sees it in the middle of the copy: the header there, the payload not yet.
-    writer._view[tracefile.HEADER_SIZE + offset + 40 : tracefile.HEADER_SIZE + writer._offset] = \
+    writer._view[tracefile.HEADER_SIZE + offset + 40 : tracefile.HEADER_SIZE + writer._core.offset] = \
         bytes(len(whole) - 40)
     assert follower.poll() == []
-    writer._view[tracefile.HEADER_SIZE + offset : tracefile.HEADER_SIZE + writer._offset] = whole
+    writer._view[tracefile.HEADER_SIZE + offset : tracefile.HEADER_SIZE + writer._core.offset] = whole
     assert [r[1] for r in follower.poll()] == [2]
 
 
@@ -105,7 +106,7 @@ print("done", [type(p).__name__ for p in processors], flush=True)
 
 
 def run_app(tmp_path, receiver, calls: int, die_at: int, **extra_env: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="1",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_SERVICE_NAME="sidecar-test")
@@ -208,7 +209,7 @@ def test_the_sidecar_is_the_default_exporter_with_an_endpoint_and_absent_without
 
 def test_the_sidecar_runs_niced_beside_its_application(tmp_path, receiver):
     # Export is background work: it yields the cores to the application's.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
@@ -289,7 +290,7 @@ def test_an_application_provider_gets_kernel_spans_or_leaves_them_to_the_sidecar
     """The application exports to its own back end; OTEL_EXPORTER_OTLP_ENDPOINT (the sidecar's) is
     another receiver: where the kernel spans land says who sent them."""
     application = GrpcReceiver()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR=sidecar,
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)

@@ -2,7 +2,6 @@
 receivers built on the official messages; the trace file and the back end
 must agree."""
 
-import os
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ print(sok.trace_file_path())
 
 
 def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(extra)
     return env
 

@@ -20,6 +20,7 @@ from otlp_receivers import GrpcReceiver
 from sglang_otel_kernels.describe import statistics
 from sglang_otel_kernels.recover.ledger import Ledger, read_delivered
 from sglang_otel_kernels.recover.otlp_json import read_otlp_json
+from conftest import clean_env
 
 K = "sglang.kernel."
 COPY_OF = K + "copy_of"
@@ -226,7 +227,7 @@ with sok.forward_batch(members, name="decode"):
 
 
 def _run_app(tmp_path, die: bool, endpoint: str | None, level: int = 5) -> tuple[subprocess.CompletedProcess, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL=str(level), SGLANG_KERNEL_API_LOGDEST="off",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace.sgltrace"), OTEL_SERVICE_NAME="copies")
     if endpoint:
@@ -351,7 +352,7 @@ def test_in_process_export_to_an_application_provider_copies_too(tmp_path, recei
         + APP.replace("sok.configure()\n", "sok.configure()\nimport atexit; atexit.register(provider.shutdown)\n")
         .replace("embedding(torch.ones(3), DIE)", "pass")
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="5", SGLANG_KERNEL_API_LOGDEST="off",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace.sgltrace"))
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -423,7 +424,7 @@ def test_a_batched_call_exported_as_hung_is_copied_into_each_request_trace(tmp_p
         "with sok.forward_batch(members, name='decode'):\n"
         "    stuck(torch.ones(2))\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_HANG_SECONDS="1",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace.sgltrace"), OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -481,7 +482,7 @@ def test_a_kernels_only_sidecar_lists_the_applications_spans_too_so_replay_sends
         + APP.replace("sok.configure()\n", "sok.configure()\nimport atexit; atexit.register(provider.shutdown)\n")
         .replace("embedding(torch.ones(3), DIE)", "pass")
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="5", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="kernels",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace.sgltrace"), OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
     try:

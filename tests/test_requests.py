@@ -1,7 +1,6 @@
 """Kernel spans inside request traces: forward_batch, inject and extract."""
 
 import json
-import os
 import pickle
 import signal
 import subprocess
@@ -12,6 +11,7 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 import sglang_otel_kernels as sok
+from conftest import clean_env
 
 
 def by_name(exporter):
@@ -175,7 +175,7 @@ def test_an_applications_first_request_begun_before_the_first_kernel_is_in_the_f
     attached to the application's provider: their starts are recorded all the same (the open span at
     attachment at once, the others at their end), so the crash report names the request."""
     (tmp_path / "app.py").write_text(FIRST_REQUEST)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t.sgltrace"))
     proc = subprocess.run([sys.executable, "app.py", ending], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -203,7 +203,7 @@ def test_a_provider_installed_before_the_package_is_imported_says_what_to_do(tmp
     script = FIRST_REQUEST.replace("import sglang_otel_kernels as sok\n", "").replace(
         "tracer = trace.get_tracer", "import sglang_otel_kernels as sok\ntracer = trace.get_tracer")
     (tmp_path / "app.py").write_text(script)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t.sgltrace"))
     proc = subprocess.run([sys.executable, "app.py", "ends"], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -16,6 +16,7 @@ import sglang_otel_kernels as sok
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 sys.path.insert(0, BENCH)
 from sglang_wheel import RegistryUnreachable, fetch_sglang_logger  # noqa: E402
+from conftest import clean_env  # noqa: E402
 
 K = "sglang.kernel."
 
@@ -56,6 +57,7 @@ def linear(weight, x):
 SCHEDULER = '''
 import types
 from sglang.srt.layers.norm import rmsnorm
+from conftest import clean_env
 
 
 class Scheduler:
@@ -88,7 +90,7 @@ def sglang_tree(tmp_path_factory):
 
 def launch(tree, tmp_path, script: str, *run_options: str, env: dict | None = None) -> subprocess.CompletedProcess:
     settings = env or {}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = clean_env()
     env.update(PYTHONPATH=str(tree), SGLANG_KERNEL_API_LOGDEST=str(tmp_path / "kernels.log"),
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"))
     env.update(settings)

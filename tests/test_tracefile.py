@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 import sglang_otel_kernels as sok
-from conftest import run_python
+from conftest import clean_env, run_python
 from sglang_otel_kernels.record import tracefile as fmt
 
 K = "sglang.kernel."
@@ -262,8 +262,7 @@ def test_ranks_get_their_own_files(tmp_path):
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
-            env={**{k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "OTEL_"))},
-                 "SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_LOGDEST": "off",
+            env={**clean_env("SGLANG_"), "SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_LOGDEST": "off",
                  "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3"},
         )
         for rank in range(3)

@@ -27,13 +27,13 @@ from ..notices import warn_failed_once
 from ..describe.values import describe, tensors_in
 from .. import schema
 from ..record import attributes as _attrs
-from ..record import batches
+from ..record import batches, core, tracefile
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.processor import set_writer
 from ..record.setup import make_writer, watch_global_provider
-from ..record.spans import KernelSpans, awaited, call_context, parent_context, unwind
+from ..record.spans import KernelSpans, awaited, call_context, parent_context, parent_of, unwind
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
-from .guards import is_compiling, is_graph_capturing
+from .guards import compiler_flags, is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -74,10 +74,13 @@ class _Runtime:
         # Level-10 counters and limits hold for the process while the dump settings stay.
         dumps = Dumps(cfg)
         self.dumps = previous.dumps if previous is not None and previous.dumps.settings == dumps.settings else dumps
+        if core.native is not None:  # the calls the compiled core records: those of the bare path
+            core.native.set_runtime(self.spans, self.bare_upto, self.spans.flags if self.spans is not None else 0)
 
 
 _runtime = _Runtime(_config.get_config())
-_call_numbers = itertools.count(1)
+# Call numbers: the compiled core's counter where it records calls too.
+_next_seq = core.native.next_seq if core.native is not None else itertools.count(1).__next__
 # Where the recorder first saw a sticky device error (a CUDA error stays
 # raised by every later call): so that no later call is blamed for it.
 _device_fault: str | None = None
@@ -111,8 +114,9 @@ def _reconfigure(cfg: _config.KernelTraceConfig) -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _call_numbers, _device_fault
-    _call_numbers = itertools.count(1)
+    global _next_seq, _device_fault
+    if core.native is None:
+        _next_seq = itertools.count(1).__next__
     _device_fault = None
     _runtime.text.after_fork_in_child()
     _runtime.dumps.after_fork_in_child()
@@ -392,6 +396,8 @@ _capturing = 0
 def capturing(delta: int) -> None:
     global _capturing
     _capturing += delta
+    if core.native is not None:
+        core.native.set_capturing(_capturing)
 
 
 def _wrap_coroutine(func: F, site: KernelSite) -> F:
@@ -402,7 +408,7 @@ def _wrap_coroutine(func: F, site: KernelSite) -> F:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             return await func(*args, **kwargs)
-        call = site.begin(args, kwargs, next(_call_numbers))
+        call = site.begin(args, kwargs, _next_seq())
         token = awaited(call[0]) if call is not None and call[0] is not None else None
         try:
             result = await func(*args, **kwargs)
@@ -431,14 +437,14 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
         if is_compiling():
             return func(*args, **kwargs)
         if before is None:
-            extra, kind_flags, seq = None, 0, next(_call_numbers)
+            extra, kind_flags, seq = None, 0, _next_seq()
         else:
             hooked = before(args, kwargs)
             if hooked is None:
                 return func(*args, **kwargs)
             extra, kind_flags, seq = hooked
             if seq is None:
-                seq = next(_call_numbers)
+                seq = _next_seq()
         if _capturing:
             extra = graphs.captured(name, args, kwargs, extra)
         runtime = _runtime
@@ -482,7 +488,28 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
             raise
 
     setattr(wrapper, WRAPPED_MARKER, True)
-    return wrapper  # type: ignore[return-value]
+    if core.native is None or before is not None or after is not None:
+        return wrapper  # type: ignore[return-value]
+    # The compiled core records the calls of the bare path and hands the
+    # others to `wrapper`. torch.compile traces `__original_fn` of an object
+    # so marked (as torch.jit.script_if_tracing marks its wrappers): the
+    # kernel itself, as through `wrapper`, which calls straight through then.
+    recorded = core.native.Recorded(func, wrapper, site, name, level)
+    functools.update_wrapper(recorded, func)
+    for key, value in ((WRAPPED_MARKER, True), ("__original_fn", func), ("__script_if_tracing_wrapper", True)):
+        setattr(recorded, key, value)
+    if hasattr(func, "__globals__"):  # where torch.library resolves the annotations of a custom op's function
+        recorded.__globals__ = func.__globals__
+    return recorded  # type: ignore[return-value]
+
+
+def _native_failed(site: KernelSite, call: tuple, exc: BaseException) -> None:
+    """A call the compiled core recorded raised `exc`: ended as the bare path ends it."""
+    site.fail((call, None, None, None), exc)
+
+
+if core.native is not None:
+    core.native.setup(tracefile.per_thread, *core.context_var(), parent_of, _native_failed, *compiler_flags())
 
 
 def wrap_hooked(func: F, name: str, before: Before, after: After | None = None) -> F:

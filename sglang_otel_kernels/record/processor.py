@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Link, Status, StatusCode
 
 from ..notices import warn, warn_failed_once
-from . import tracefile
+from . import core, tracefile
 from .tracefile import IDENT, NOTED
 
 _current: "tracefile.TraceFileWriter | None" = None
@@ -62,6 +62,8 @@ def set_writer(writer: "tracefile.TraceFileWriter | None") -> None:
     """The file every attached processor writes to from now on (None: none)."""
     global _current
     previous, _current = _current, writer
+    if core.native is not None:  # the compiled core writes its calls there too
+        core.native.set_writer(writer, writer._core if writer is not None else None)
     if previous is not None and previous is not writer:
         previous.close()
 

@@ -133,7 +133,7 @@ def unwind(seq: int, exc: BaseException, recorder: "KernelSpans | None") -> None
         call = state[CALL]
 
 
-def _parent_of(context) -> tuple:
+def parent_of(context) -> tuple:
     """(context, trace id, parent span id, flags) for a kernel call whose
     parent is the current span of `context`; trace id and parent 0 when it
     has none (the call starts a trace of its own)."""
@@ -187,10 +187,10 @@ class KernelSpans:
         self._targets = None  # it, when it holds one besides the trace file's
         self._scope = InstrumentationScope(TRACER_NAME, __version__)
         # The OpenTelemetry context of the last call and what it gives a call
-        # (see _parent_of): contexts are immutable, and consecutive kernel
+        # (see parent_of): contexts are immutable, and consecutive kernel
         # calls mostly run in the same one (a batch's). One tuple, replaced
         # whole, so threads may share it.
-        self._parent = _parent_of(None)
+        self._parent = parent_of(None)
 
     def setup(self):
         if not self.sdk:
@@ -236,7 +236,7 @@ class KernelSpans:
             context = _context_now()
             parent = self._parent
             if parent[0] is not context:
-                parent = self._parent = _parent_of(context)
+                parent = self._parent = parent_of(context)
             _, trace_id, parent_id, flags = parent
             if not parent_id:
                 trace_id = _bits(128) or 1

@@ -96,6 +96,7 @@ from typing import Callable
 
 from ..notices import warn
 from ..schema import COLLECTIVE_FIELDS, GRAPH_ID, GRAPH_REPLAY
+from . import core
 
 MAGIC = b"SOKTRACE"
 FORMAT_VERSION = 4  # 3 plus the heartbeat, IDENTITY and EXIT records, the identity in the TABLE
@@ -193,6 +194,24 @@ def replay_fields(seq: int) -> dict:
     return {GRAPH_ID: seq >> REPLAY_SHIFT, GRAPH_REPLAY: seq & CALL_SEQ_MASK}
 
 
+class PyRing:
+    """The ring's write state for the Python core: the twin of the compiled
+    core's `_native.Ring` (the Python writer copies records itself)."""
+
+    __slots__ = ("offset", "sequence", "inline_end")
+
+    def __init__(self) -> None:
+        self.offset = self.sequence = 0
+        self.inline_end = -1
+
+    def attach(self, view) -> None:
+        pass
+
+    def detach(self) -> None:
+        self.inline_end = -1
+
+
+_Ring = core.native.Ring if core.NATIVE else PyRing
 _writers: "weakref.WeakSet[TraceFileWriter]" = weakref.WeakSet()
 
 
@@ -280,12 +299,12 @@ class TraceFileWriter:
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None
         self._ring: memoryview | None = None  # the records' part of _view
-        self._offset = 0
+        # Where the next record goes, its sequence number, and where a record
+        # may end and still be copied inline by write_record (the high-water
+        # mark; -1 while there is no mapping, with fsync, or while _put
+        # writes): in C when the compiled core records (record/core.py).
+        self._core = _Ring()
         self._written = 0  # the high-water mark published in the header
-        # Where a record may end and still be copied inline by write_record:
-        # the high-water mark; -1 while there is no mapping, or with fsync.
-        self._inline_end = -1
-        self._sequence = 0
         self.wraps = 0
         # Written once each (and again in the TABLE after each wrap); read
         # without the lock on the hot path, added to under it.
@@ -338,9 +357,8 @@ class TraceFileWriter:
         self._view = memoryview(self._map)
         self._ring = self._view[HEADER_SIZE:]
         self.path = path
-        self._offset = 0
-        self._written = 0
-        self._inline_end = -1
+        self._core.offset = self._written = 0
+        self._core.attach(self._ring)
         if path != wanted:
             warn(f"{wanted} is being written by another live process; this process ({pid}) writes {path}")
         threading.Thread(target=self._beat, name="sglang-otel-kernels-heartbeat", daemon=True).start()
@@ -431,9 +449,10 @@ class TraceFileWriter:
         # The mapping is shared with the parent: writing through it would
         # corrupt the parent's file. Forget it; the child opens its own. The
         # descriptor shares the parent's lock: closing this copy keeps it.
+        self._core.detach()  # the parent's ring is not this process's to write
+        self._core.offset = self._core.sequence = 0
         self._view = self._ring = None
         self._map = None
-        self._inline_end = -1
         if self._fd is not None:
             try:
                 os.close(self._fd)
@@ -446,7 +465,6 @@ class TraceFileWriter:
         if isinstance(resource, dict):  # the sidecar takes the resource from here: the child's own pid
             self.metadata["resource"] = dict(resource, **{"process.pid": os.getpid()})
         self.path = None
-        self._sequence = 0
         self.identity = {}  # the child's own ranks, if it learns any
         self.graphs, self._graph_bytes = {}, {}  # and graphs
         self.symbols = {}
@@ -459,9 +477,9 @@ class TraceFileWriter:
         which could truncate the file of the writer that replaced this one."""
         with self._lock:
             self._closed = True
+            self._core.detach()
             ring, view, mapped, fd = self._ring, self._view, self._map, self._fd
             self._ring = self._view = self._map = self._fd = None
-            self._inline_end = -1
         if view is not None:
             ring.release()
             view.release()
@@ -563,8 +581,8 @@ class TraceFileWriter:
                     warn(f"the heartbeat's look at silent threads stopped ({type(exc).__name__}: {exc})")
             time.sleep(HEARTBEAT_S)
 
-    def write_record(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack_into=RECORD_HEADER.pack_into,
-                     _magic=RECORD_MAGIC, _framed=_RECORD_HEADER_SIZE + ALIGN - 1) -> None:
+    def _write_python(self, encoding: int, payload: bytes, _crc=zlib.crc32, _pack_into=RECORD_HEADER.pack_into,
+                      _magic=RECORD_MAGIC, _framed=_RECORD_HEADER_SIZE + ALIGN - 1) -> None:
         """Frames and copies one encoded record into the ring (thread-safe).
         It runs twice per kernel call: the defaults bind what it needs as
         locals, and a record that fits before the ring's end, below the
@@ -576,39 +594,62 @@ class TraceFileWriter:
         length = len(payload)
         crc = _crc(payload)
         with self._lock:
-            offset = self._offset
+            state = self._core
+            offset = state.offset
             end = offset + ((_framed + length) & -ALIGN)
-            if end > self._inline_end:
+            if end > state.inline_end:
                 if self._ready():
                     self._put(encoding, payload)
                 return
             # The state changes last, after the copy (see _put).
-            sequence = self._sequence + 1
+            sequence = state.sequence + 1
             ring = self._ring
             _pack_into(ring, offset, _magic, length, sequence, crc, encoding)
             start = offset + _RECORD_HEADER_SIZE
             ring[start : start + length] = payload
-            self._sequence = sequence
-            self._offset = end
+            state.sequence = sequence
+            state.offset = end
+
+    def _write_compiled(self, encoding: int, payload: bytes) -> None:
+        """write_record of the compiled core: the ring copies a record that
+        fits inline in C (holding the GIL, so whole), without the lock."""
+        if not self._core.write(encoding, payload):
+            with self._lock:
+                if not self._core.write(encoding, payload) and self._ready():
+                    self._put(encoding, payload)
+
+    # Frames and copies one encoded record into the ring (thread-safe).
+    write_record = _write_compiled if core.NATIVE else _write_python
 
     def _ready(self) -> bool:
         # With the lock held: the file is created on the first record.
         return self._view is not None or (not self.failed and not self._closed and self._open())
 
     def _put(self, encoding: int, payload: bytes) -> None:
-        # With the lock held. Everything that calls a function comes before
-        # the ring's state changes, and those are plain assignments and copies,
-        # where CPython raises no exception a signal handler sends: so an
-        # interrupted record (KeyboardInterrupt) leaves the state as it was,
-        # never a lap begun without its names nor a gap in the sequence.
+        # With the lock held. No record is copied inline meanwhile: computing
+        # a large record's CRC lets other threads run, and the compiled core
+        # copies without the lock.
+        state = self._core
+        state.inline_end = -1
+        try:
+            self._put_locked(state, encoding, payload)
+        finally:
+            state.inline_end = self._written if self._written and self._view is not None and not self.fsync else -1
+
+    def _put_locked(self, state, encoding: int, payload: bytes) -> None:
+        # Everything that calls a function comes before the ring's state
+        # changes, and those are plain assignments and copies, where CPython
+        # raises no exception a signal handler sends: so an interrupted record
+        # (KeyboardInterrupt) leaves the state as it was, never a lap begun
+        # without its names nor a gap in the sequence.
         length = len(payload)
         size = RECORD_HEADER.size + length
         padded = (size + ALIGN - 1) & -ALIGN
         if padded > self.capacity:
             self.dropped += 1
             return
-        offset = self._offset
-        sequence = self._sequence + 1
+        offset = state.offset
+        sequence = state.sequence + 1
         lap = offset + padded > self.capacity
         table = b""
         if lap:
@@ -631,16 +672,14 @@ class TraceFileWriter:
             written = min(self.capacity, (end + WRITTEN_STEP - 1) // WRITTEN_STEP * WRITTEN_STEP)
             WRITTEN.pack_into(self._view, WRITTEN_OFFSET, written)
             self._written = written
-            if not self.fsync:
-                self._inline_end = written
         ring = self._ring
         if lap:
             self.wraps += 1
         if table:
             ring[0:table_size] = table
         ring[offset : offset + size] = record
-        self._sequence = sequence
-        self._offset = end
+        state.sequence = sequence
+        state.offset = end
         if self.fsync:
             start = HEADER_SIZE + offset
             page = start - start % mmap.PAGESIZE

@@ -1,0 +1,852 @@
+/* The compiled recording core: the black-box / level-1 path of a decorated
+ * call (record/core.py says when it is used).
+ *
+ * `Ring` is a trace file's ring as the writer (record/tracefile.py) sees it:
+ * where the next record goes, its sequence number, and how far records may
+ * be copied without the writer's lock. `Recorded` is a decorated function:
+ * a call that needs no more than its span (no text log, no arguments, no
+ * hooks, no in-process export) writes its KERNEL_SPAN record before the
+ * kernel and its COMPACT_END after, here, in the layout of
+ * docs/trace-file-format.md; any other call goes to the Python wrapper.
+ *
+ * Everything here runs holding the GIL and calls no Python code between
+ * reading a ring's state and storing it back, so a record is copied whole
+ * with respect to every other thread. The Python writer marks a ring busy
+ * (inline_end -1) while it writes past the inline limit (a lap, a record
+ * that raises the high-water mark), which may release the GIL. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if PY_BIG_ENDIAN
+#error "the trace file is little-endian; this core copies native integers"
+#endif
+
+#define RECORD_MAGIC 0x524B4F53u
+#define RECORD_HEADER_SIZE 24
+#define ENCODING_COMPACT_END 1
+#define ENCODING_KERNEL_SPAN 5
+#define KERNEL_SPAN_SIZE 63 /* <QQQQqQIBBQB */
+#define COMPACT_END_SIZE 17 /* <QqB */
+#define FLAG_SAMPLED 1
+#define FLAG_PARENT_SAMPLED 8
+
+/* -- CRC-32 (zlib's polynomial), slicing by 8 ----------------------------- */
+
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][n] = crc_table[0][crc_table[t - 1][n] & 0xFF] ^ (crc_table[t - 1][n] >> 8);
+}
+
+static uint32_t crc32_of(const unsigned char *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n >= 8) {
+        uint32_t one, two;
+        memcpy(&one, p, 4);
+        memcpy(&two, p + 4, 4);
+        one ^= c;
+        c = crc_table[7][one & 0xFF] ^ crc_table[6][(one >> 8) & 0xFF] ^ crc_table[5][(one >> 16) & 0xFF] ^
+            crc_table[4][one >> 24] ^ crc_table[3][two & 0xFF] ^ crc_table[2][(two >> 8) & 0xFF] ^
+            crc_table[1][(two >> 16) & 0xFF] ^ crc_table[0][two >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* -- Ring ------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view; /* the ring's bytes, while attached */
+    int attached;
+    long long offset;     /* where the next record goes */
+    unsigned long long sequence; /* the last record's number */
+    long long inline_end; /* a record may end up to here without the lock; -1: none may */
+    unsigned long long id; /* tells rings apart for the symbols Recorded caches */
+} Ring;
+
+static unsigned long long ring_ids;
+
+static int ring_init(Ring *self, PyObject *args, PyObject *kwds) {
+    if (!PyArg_ParseTuple(args, ":Ring"))
+        return -1;
+    self->offset = 0;
+    self->sequence = 0;
+    self->inline_end = -1;
+    self->id = ++ring_ids;
+    return 0;
+}
+
+static void ring_release(Ring *self) {
+    if (self->attached) {
+        self->attached = 0;
+        PyBuffer_Release(&self->view);
+    }
+    self->inline_end = -1;
+}
+
+static void ring_dealloc(Ring *self) {
+    ring_release(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *ring_attach(Ring *self, PyObject *buffer) {
+    ring_release(self);
+    if (PyObject_GetBuffer(buffer, &self->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    self->attached = 1;
+    self->id = ++ring_ids;
+    Py_RETURN_NONE;
+}
+
+static PyObject *ring_detach(Ring *self, PyObject *unused) {
+    ring_release(self);
+    Py_RETURN_NONE;
+}
+
+/* Frames one record and copies it in when it ends within inline_end: 1, or 0
+ * (nothing changed) when the writer must take its locked path. */
+static int ring_copy(Ring *ring, unsigned encoding, const unsigned char *payload, size_t length) {
+    long long offset = ring->offset;
+    long long end = offset + (long long)((RECORD_HEADER_SIZE + length + 7) & ~(size_t)7);
+    if (!ring->attached || end > ring->inline_end || end > ring->view.len)
+        return 0;
+    unsigned long long sequence = ring->sequence + 1;
+    unsigned char *at = (unsigned char *)ring->view.buf + offset;
+    uint32_t head[2] = {RECORD_MAGIC, (uint32_t)length};
+    uint32_t tail[2] = {crc32_of(payload, length), encoding};
+    memcpy(at, head, 8);
+    memcpy(at + 8, &sequence, 8);
+    memcpy(at + 16, tail, 8);
+    memcpy(at + RECORD_HEADER_SIZE, payload, length);
+    ring->sequence = sequence;
+    ring->offset = end;
+    return 1;
+}
+
+static PyObject *ring_write(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "write(encoding, payload)");
+        return NULL;
+    }
+    long encoding = PyLong_AsLong(args[0]);
+    if (encoding == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer payload;
+    if (PyObject_GetBuffer(args[1], &payload, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int done = ring_copy(self, (unsigned)encoding, payload.buf, (size_t)payload.len);
+    PyBuffer_Release(&payload);
+    return PyBool_FromLong(done);
+}
+
+static PyMethodDef ring_methods[] = {
+    {"attach", (PyCFunction)ring_attach, METH_O, "Writes into this buffer (the ring's part of the mapping) from now on."},
+    {"detach", (PyCFunction)ring_detach, METH_NOARGS, "Lets the buffer go; no record is copied inline until attach."},
+    {"write", (PyCFunction)(void (*)(void))ring_write, METH_FASTCALL,
+     "write(encoding, payload) -> bool: the record copied in, or False when it does not end within inline_end."},
+    {NULL}};
+
+static PyMemberDef ring_members[] = {
+    {"offset", T_LONGLONG, offsetof(Ring, offset), 0, "where the next record goes"},
+    {"sequence", T_ULONGLONG, offsetof(Ring, sequence), 0, "the last record's sequence number"},
+    {"inline_end", T_LONGLONG, offsetof(Ring, inline_end), 0, "how far a record may end without the lock (-1: none)"},
+    {NULL}};
+
+static PyTypeObject RingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sglang_otel_kernels._native.Ring",
+    .tp_basicsize = sizeof(Ring),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A trace file's ring: its write position, sequence and inline limit.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ring_init,
+    .tp_dealloc = (destructor)ring_dealloc,
+    .tp_methods = ring_methods,
+    .tp_members = ring_members,
+};
+
+/* -- what the Python side sets ------------------------------------------- */
+
+static struct {
+    PyObject *writer;     /* the current TraceFileWriter, or NULL */
+    Ring *ring;           /* its Ring */
+    PyObject *spans;      /* the runtime's KernelSpans, or NULL */
+    int spans_ready;      /* 0: not known yet; 1: set up, no processor to hand calls to;
+                             2: set up with the provider's processors, `processors` */
+    PyObject *processors; /* spans._processors, with 2 */
+    PyObject *seen;       /* its processors when found to be the trace file's alone */
+    long bare_upto;       /* sites up to this level need their span alone (-1: none) */
+    unsigned span_flags;  /* FLAG_BLACKBOX or 0 */
+    int capturing;        /* CUDA graphs being captured */
+    PyObject *per_thread; /* tracefile.per_thread */
+    PyObject *context_var; /* OpenTelemetry's ContextVar, or NULL: get_current is called */
+    PyObject *get_current;
+    PyObject *parent_of;  /* spans._parent_of */
+    PyObject *failed;     /* (site, call, exception) -> None: a call that raised */
+    PyObject *compiler;   /* torch.compiler's namespace, whose _is_compiling_flag is read, or NULL */
+    PyObject *is_compiling; /* else this is called */
+    unsigned long long seq; /* call numbers */
+    unsigned long long recorded; /* calls this core recorded itself */
+    uint64_t random[4];   /* xoshiro256** */
+    /* The last context a root call looked at, and what it gives (see spans._parent_of). */
+    PyObject *last_context;
+    PyObject *last_trace; /* its trace id as an int, or NULL: each call starts a trace */
+    uint64_t trace_hi, trace_lo, parent_id;
+    unsigned parent_flags;
+} core = {.bare_upto = -1};
+
+static PyObject *str_span_processors, *str_seen, *str_targets;
+static PyObject *str_state, *str_provider, *str_processors, *str_symbols, *str_write_record, *str_flag, *one;
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t random64(void) {
+    uint64_t *s = core.random;
+    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static PyObject *int128(uint64_t hi, uint64_t lo) {
+    unsigned char bytes[16];
+    memcpy(bytes, &lo, 8);
+    memcpy(bytes + 8, &hi, 8);
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyLong_FromUnsignedNativeBytes(bytes, 16, Py_ASNATIVEBYTES_LITTLE_ENDIAN);
+#else
+    return _PyLong_FromByteArray(bytes, 16, 1, 0);
+#endif
+}
+
+/* An int below 2**128 as its two halves: 0, or -1 with an exception set. */
+static int split128(PyObject *value, uint64_t *hi, uint64_t *lo) {
+    unsigned char bytes[16];
+#if PY_VERSION_HEX >= 0x030D0000
+    Py_ssize_t n = PyLong_AsNativeBytes(value, bytes, 16,
+                                        Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER);
+    if (n < 0)
+        return -1;
+    if (n > 16) {
+        PyErr_SetString(PyExc_OverflowError, "a trace id of more than 128 bits");
+        return -1;
+    }
+#else
+    if (!PyLong_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "a trace id is an int");
+        return -1;
+    }
+    if (_PyLong_AsByteArray((PyLongObject *)value, bytes, 16, 1, 0) < 0)
+        return -1;
+#endif
+    memcpy(lo, bytes, 8);
+    memcpy(hi, bytes + 8, 8);
+    return 0;
+}
+
+static PyObject *set_writer(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || (args[1] != Py_None && !PyObject_TypeCheck(args[1], &RingType))) {
+        PyErr_SetString(PyExc_TypeError, "set_writer(writer or None, its Ring or None)");
+        return NULL;
+    }
+    Py_CLEAR(core.writer);
+    Py_CLEAR(core.ring);
+    if (args[0] != Py_None && args[1] != Py_None) {
+        core.writer = Py_NewRef(args[0]);
+        core.ring = (Ring *)Py_NewRef(args[1]);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_runtime(PyObject *module, PyObject *args) {
+    PyObject *spans;
+    long bare_upto;
+    unsigned int flags;
+    if (!PyArg_ParseTuple(args, "OlI:set_runtime", &spans, &bare_upto, &flags))
+        return NULL;
+    Py_CLEAR(core.spans);
+    if (spans != Py_None)
+        core.spans = Py_NewRef(spans);
+    core.spans_ready = 0;
+    Py_CLEAR(core.processors);
+    Py_CLEAR(core.seen);
+    core.bare_upto = spans == Py_None ? -1 : bare_upto;
+    core.span_flags = flags;
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_capturing(PyObject *module, PyObject *arg) {
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    core.capturing = (int)n;
+    Py_RETURN_NONE;
+}
+
+static PyObject *setup(PyObject *module, PyObject *args) {
+    PyObject *per_thread, *context_var, *get_current, *parent_of, *failed, *compiler, *is_compiling;
+    if (!PyArg_ParseTuple(args, "OOOOOOO:setup", &per_thread, &context_var, &get_current, &parent_of, &failed,
+                          &compiler, &is_compiling))
+        return NULL;
+    Py_XSETREF(core.per_thread, Py_NewRef(per_thread));
+    Py_XSETREF(core.context_var, context_var == Py_None ? NULL : Py_NewRef(context_var));
+    Py_XSETREF(core.get_current, Py_NewRef(get_current));
+    Py_XSETREF(core.parent_of, Py_NewRef(parent_of));
+    Py_XSETREF(core.failed, Py_NewRef(failed));
+    if (compiler != Py_None && !PyDict_Check(compiler)) {
+        PyErr_SetString(PyExc_TypeError, "setup: torch.compiler's namespace (a dict) or None");
+        return NULL;
+    }
+    Py_XSETREF(core.compiler, compiler == Py_None ? NULL : Py_NewRef(compiler));
+    Py_XSETREF(core.is_compiling, Py_NewRef(is_compiling));
+    Py_RETURN_NONE;
+}
+
+static PyObject *seed(PyObject *module, PyObject *arg) {
+    Py_buffer bytes;
+    if (PyObject_GetBuffer(arg, &bytes, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (bytes.len != sizeof(core.random)) {
+        PyBuffer_Release(&bytes);
+        PyErr_SetString(PyExc_ValueError, "seed takes 32 bytes");
+        return NULL;
+    }
+    memcpy(core.random, bytes.buf, sizeof(core.random));
+    PyBuffer_Release(&bytes);
+    if (!(core.random[0] | core.random[1] | core.random[2] | core.random[3]))
+        core.random[0] = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *next_seq(PyObject *module, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(++core.seq);
+}
+
+static PyObject *recorded(PyObject *module, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(core.recorded);
+}
+
+static PyObject *reset_seq(PyObject *module, PyObject *unused) {
+    core.seq = 0;
+    Py_CLEAR(core.last_context);
+    Py_CLEAR(core.last_trace);
+    Py_RETURN_NONE;
+}
+
+/* -- Recorded ---------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *function; /* the kernel */
+    PyObject *slow;     /* the Python wrapper, for every call this core does not record */
+    PyObject *site;     /* its KernelSite */
+    PyObject *name;
+    long level;
+    unsigned long long symbol_ring; /* the ring `symbol` is valid for (0: none) */
+    unsigned long symbol;
+    PyObject *dict;
+    PyObject *weakrefs;
+} Recorded;
+
+static int compiling(void) {
+    if (core.compiler != NULL) { /* torch.compiler's namespace: its flag, read as is_compiling() reads it */
+        PyObject *flag = PyDict_GetItemWithError(core.compiler, str_flag);
+        if (flag == NULL)
+            PyErr_Clear();
+        return flag == Py_True;
+    }
+    if (core.is_compiling == NULL)
+        return 0;
+    PyObject *flag = PyObject_CallNoArgs(core.is_compiling);
+    if (flag == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int yes = flag == Py_True;
+    Py_DECREF(flag);
+    return yes;
+}
+
+/* Whether the runtime's spans are set up with nothing to hand calls to: no
+ * processor to deliver to (sidecar export, the black box), or a provider
+ * whose processors are all the trace file's (spans.py: _targets None for
+ * the processors it last saw). */
+static int spans_ready(void) {
+    if (core.spans_ready == 1)
+        return 1;
+    if (core.spans == NULL)
+        return 0;
+    if (core.spans_ready == 2) {
+        PyObject *present = PyObject_GetAttr(core.processors, str_span_processors);
+        if (present == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        int same = present == core.seen;
+        if (!same) {
+            /* Changed since: fast again once Python has looked at them and found no other. */
+            PyObject *seen = PyObject_GetAttr(core.spans, str_seen);
+            PyObject *targets = seen != NULL ? PyObject_GetAttr(core.spans, str_targets) : NULL;
+            if (seen == present && targets == Py_None) {
+                Py_XSETREF(core.seen, Py_NewRef(present));
+                same = 1;
+            }
+            Py_XDECREF(seen);
+            Py_XDECREF(targets);
+            PyErr_Clear();
+        }
+        Py_DECREF(present);
+        return same;
+    }
+    PyObject *provider = PyObject_GetAttr(core.spans, str_provider);
+    if (provider == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int set_up = provider != Py_None;
+    Py_DECREF(provider);
+    if (!set_up)
+        return 0;
+    PyObject *processors = PyObject_GetAttr(core.spans, str_processors);
+    if (processors == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (processors == Py_None) {
+        core.spans_ready = 1;
+        Py_DECREF(processors);
+        return 1;
+    }
+    Py_XSETREF(core.processors, processors);
+    Py_CLEAR(core.seen);
+    core.spans_ready = 2;
+    return 0;
+}
+
+/* This site's name as a symbol of the current ring: 0 when Python must
+ * write it first (or cannot: the table is full, and the name goes inline). */
+static unsigned long site_symbol(Recorded *self) {
+    if (self->symbol_ring == core.ring->id)
+        return self->symbol;
+    PyObject *symbols = PyObject_GetAttr(core.writer, str_symbols);
+    if (symbols == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *number = PyDict_Check(symbols) ? PyDict_GetItemWithError(symbols, self->name) : NULL;
+    unsigned long symbol = number != NULL && PyLong_Check(number) ? PyLong_AsUnsignedLong(number) : 0;
+    Py_DECREF(symbols);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (symbol != 0 && symbol <= 0xFFFFFFFFul) {
+        self->symbol_ring = core.ring->id;
+        self->symbol = symbol;
+        return symbol;
+    }
+    return 0;
+}
+
+/* The parent of a root call (no call of this thread around it): from the
+ * current OpenTelemetry context, which consecutive calls mostly share. */
+static int root_parent(void) {
+    PyObject *context;
+    if (core.context_var != NULL) {
+        if (PyContextVar_Get(core.context_var, NULL, &context) < 0)
+            return -1;
+        if (context == NULL)
+            context = Py_NewRef(Py_None);
+    } else {
+        context = PyObject_CallNoArgs(core.get_current);
+        if (context == NULL)
+            return -1;
+    }
+    if (context == core.last_context) {
+        Py_DECREF(context);
+        return 0;
+    }
+    PyObject *parent = PyObject_CallOneArg(core.parent_of, context);
+    Py_DECREF(context);
+    if (parent == NULL)
+        return -1;
+    if (!PyTuple_Check(parent) || PyTuple_GET_SIZE(parent) != 4) {
+        Py_DECREF(parent);
+        PyErr_SetString(PyExc_TypeError, "_parent_of gives (context, trace id, parent id, flags)");
+        return -1;
+    }
+    uint64_t hi, lo;
+    unsigned long long parent_id = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(parent, 2));
+    unsigned long flags = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(parent, 3));
+    if (PyErr_Occurred() || split128(PyTuple_GET_ITEM(parent, 1), &hi, &lo) < 0) {
+        Py_DECREF(parent);
+        return -1;
+    }
+    Py_XSETREF(core.last_context, Py_NewRef(PyTuple_GET_ITEM(parent, 0)));
+    Py_XSETREF(core.last_trace, parent_id ? Py_NewRef(PyTuple_GET_ITEM(parent, 1)) : NULL);
+    core.trace_hi = hi;
+    core.trace_lo = lo;
+    core.parent_id = parent_id;
+    core.parent_flags = (unsigned)flags;
+    Py_DECREF(parent);
+    return 0;
+}
+
+static void put_u64(unsigned char *at, uint64_t value) { memcpy(at, &value, 8); }
+
+/* A record into `ring`, inline, else through the writer's locked path. */
+static int write_record(PyObject *writer, Ring *ring, unsigned encoding, const unsigned char *payload, size_t n) {
+    if (ring_copy(ring, encoding, payload, n))
+        return 0;
+    PyObject *number = PyLong_FromUnsignedLong(encoding);
+    PyObject *bytes = PyBytes_FromStringAndSize((const char *)payload, (Py_ssize_t)n);
+    PyObject *result = number && bytes ? PyObject_CallMethodObjArgs(writer, str_write_record, number, bytes, NULL) : NULL;
+    Py_XDECREF(number);
+    Py_XDECREF(bytes);
+    if (result == NULL)
+        return -1;
+    Py_DECREF(result);
+    return 0;
+}
+
+static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (compiling())
+        return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+    if (core.capturing || self->level > core.bare_upto || core.ring == NULL || core.ring->inline_end < 0 ||
+        !spans_ready())
+        return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    unsigned long symbol = site_symbol(self);
+    if (symbol == 0)
+        return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    PyObject *state = PyObject_GetAttr(core.per_thread, str_state);
+    if (state == NULL)
+        return NULL;
+    if (!PyList_CheckExact(state) || PyList_GET_SIZE(state) != 4 || PyList_GET_ITEM(state, 0) != core.writer) {
+        /* The thread's first call into this file: Python names the thread. */
+        Py_DECREF(state);
+        return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    }
+    PyObject *outer = Py_NewRef(PyList_GET_ITEM(state, 2));
+    PyObject *writer = Py_NewRef(core.writer);
+    Ring *ring = (Ring *)Py_NewRef((PyObject *)core.ring);
+    PyObject *trace = NULL, *call = NULL, *result;
+    uint64_t hi, lo, parent_id;
+    unsigned flags;
+    if (outer != Py_None) {
+        if (!PyTuple_Check(outer) || PyTuple_GET_SIZE(outer) < 3)
+            goto slow;
+        trace = Py_NewRef(PyTuple_GET_ITEM(outer, 0));
+        parent_id = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(outer, 1));
+        flags = (PyLong_AsUnsignedLong(PyTuple_GET_ITEM(outer, 2)) & FLAG_SAMPLED) * (FLAG_SAMPLED | FLAG_PARENT_SAMPLED);
+        if (PyErr_Occurred() || split128(trace, &hi, &lo) < 0)
+            goto slow;
+    } else {
+        if (root_parent() < 0)
+            goto slow;
+        flags = core.parent_flags;
+        parent_id = core.parent_id;
+        if (parent_id) {
+            hi = core.trace_hi;
+            lo = core.trace_lo;
+            trace = Py_NewRef(core.last_trace);
+        } else {
+            hi = random64();
+            lo = random64();
+            if (!(hi | lo))
+                lo = 1;
+            if ((trace = int128(hi, lo)) == NULL)
+                goto slow;
+        }
+    }
+    flags |= core.span_flags;
+    uint64_t span_id = random64();
+    if (!span_id)
+        span_id = 1;
+    unsigned long long seq = ++core.seq;
+    core.recorded++;
+    PyObject *calls = PyNumber_Add(PyList_GET_ITEM(state, 3), one);
+    if (calls == NULL)
+        goto fail;
+    PyList_SetItem(state, 3, calls);
+    long long start = now_ns();
+    {
+        unsigned char record[KERNEL_SPAN_SIZE];
+        uint64_t ident;
+        ident = PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(state, 1));
+        uint32_t symbol32 = (uint32_t)symbol;
+        put_u64(record, hi);
+        put_u64(record + 8, lo);
+        put_u64(record + 16, span_id);
+        put_u64(record + 24, parent_id);
+        put_u64(record + 32, (uint64_t)start);
+        put_u64(record + 40, ident);
+        memcpy(record + 48, &symbol32, 4);
+        record[52] = 0; /* kind: internal */
+        record[53] = (unsigned char)flags;
+        put_u64(record + 54, seq);
+        record[62] = (unsigned char)self->level;
+        if (PyErr_Occurred() || write_record(writer, ring, ENCODING_KERNEL_SPAN, record, KERNEL_SPAN_SIZE) < 0)
+            goto fail;
+    }
+    /* The call as the Python side keeps it (record/spans.py: TRACE_ID ... CALL_SEQ). */
+    call = PyTuple_New(11);
+    if (call == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(call, 0, trace);
+    trace = NULL;
+    PyObject *items[] = {PyLong_FromUnsignedLongLong(span_id), PyLong_FromUnsignedLong(flags),
+                         PyLong_FromLongLong(start), NULL, NULL, NULL, PyLong_FromUnsignedLongLong(parent_id),
+                         NULL, NULL, PyLong_FromUnsignedLongLong(seq)};
+    for (int i = 0; i < 10; i++) {
+        PyObject *item = items[i];
+        switch (i) {
+        case 3: item = Py_NewRef(outer); break;
+        case 4: item = Py_NewRef(writer); break;
+        case 5: item = Py_NewRef(self->name); break;
+        case 7: item = Py_NewRef(Py_None); break;
+        case 8: item = Py_NewRef(state); break;
+        }
+        if (item == NULL) {
+            for (int j = i + 1; j < 10; j++)
+                Py_XDECREF(items[j]);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(call, i + 1, item);
+    }
+    if (PyList_SetItem(state, 2, Py_NewRef(call)) < 0)
+        goto fail;
+
+    result = PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+
+    PyList_SetItem(state, 2, Py_NewRef(outer));
+    if (result == NULL) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL && value != NULL)
+            PyException_SetTraceback(value, traceback);
+        PyObject *done = PyObject_CallFunctionObjArgs(core.failed, self->site, call, value ? value : Py_None, NULL);
+        if (done == NULL)
+            PyErr_WriteUnraisable(self->slow);
+        Py_XDECREF(done);
+        PyErr_Restore(type, value, traceback);
+    } else {
+        unsigned char record[COMPACT_END_SIZE];
+        long long end = now_ns();
+        put_u64(record, span_id);
+        put_u64(record + 8, (uint64_t)end);
+        record[16] = 0; /* status: unset */
+        if (write_record(writer, ring, ENCODING_COMPACT_END, record, COMPACT_END_SIZE) < 0)
+            PyErr_WriteUnraisable(self->slow); /* never the kernel's result lost for its record */
+    }
+    Py_DECREF(call);
+    Py_DECREF(state);
+    Py_DECREF(outer);
+    Py_DECREF(writer);
+    Py_DECREF(ring);
+    return result;
+
+fail:
+    /* Recording met an error after the call was numbered: the kernel still runs, unrecorded. */
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) {
+        Py_XDECREF(trace);
+        Py_XDECREF(call);
+        Py_DECREF(state);
+        Py_DECREF(outer);
+        Py_DECREF(writer);
+        Py_DECREF(ring);
+        return NULL; /* KeyboardInterrupt and the like go to the caller */
+    }
+    PyErr_WriteUnraisable(self->slow);
+    PyList_SetItem(state, 2, Py_NewRef(outer));
+    Py_XDECREF(trace);
+    Py_XDECREF(call);
+    Py_DECREF(state);
+    Py_DECREF(outer);
+    Py_DECREF(writer);
+    Py_DECREF(ring);
+    return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+
+slow:
+    Py_XDECREF(trace);
+    Py_DECREF(state);
+    Py_DECREF(outer);
+    Py_DECREF(writer);
+    Py_DECREF(ring);
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return NULL;
+        PyErr_Clear(); /* the Python path meets it again, and says so */
+    }
+    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+static int recorded_init(Recorded *self, PyObject *args, PyObject *kwds) {
+    PyObject *function, *slow, *site, *name;
+    long level;
+    if (!PyArg_ParseTuple(args, "OOOUl:Recorded", &function, &slow, &site, &name, &level))
+        return -1;
+    if (!PyCallable_Check(function) || !PyCallable_Check(slow)) {
+        PyErr_SetString(PyExc_TypeError, "Recorded(function, slow wrapper, site, name, level)");
+        return -1;
+    }
+    Py_XSETREF(self->function, Py_NewRef(function));
+    Py_XSETREF(self->slow, Py_NewRef(slow));
+    Py_XSETREF(self->site, Py_NewRef(site));
+    Py_XSETREF(self->name, Py_NewRef(name));
+    self->level = level;
+    self->symbol_ring = 0;
+    self->vectorcall = (vectorcallfunc)recorded_call;
+    return 0;
+}
+
+static int recorded_traverse(Recorded *self, visitproc visit, void *arg) {
+    Py_VISIT(self->function);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->site);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int recorded_clear(Recorded *self) {
+    Py_CLEAR(self->function);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->site);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void recorded_dealloc(Recorded *self) {
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    recorded_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A method of a class binds as a function does. */
+static PyObject *recorded_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *recorded_repr(Recorded *self) {
+    return PyUnicode_FromFormat("<recorded %R>", self->function ? self->function : Py_None);
+}
+
+/* Pickled by reference, as a function is: its module's attribute of its qualified name. */
+static PyObject *recorded_reduce(PyObject *self, PyObject *unused) {
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyMethodDef recorded_methods[] = {
+    {"__reduce__", recorded_reduce, METH_NOARGS, NULL},
+    {NULL}};
+
+static PyGetSetDef recorded_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL}};
+
+static PyTypeObject RecordedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sglang_otel_kernels._native.Recorded",
+    .tp_basicsize = sizeof(Recorded),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "A decorated kernel entry point, recorded by the compiled core where it can be.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)recorded_init,
+    .tp_dealloc = (destructor)recorded_dealloc,
+    .tp_traverse = (traverseproc)recorded_traverse,
+    .tp_clear = (inquiry)recorded_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Recorded, vectorcall),
+    .tp_descr_get = recorded_get,
+    .tp_dictoffset = offsetof(Recorded, dict),
+    .tp_weaklistoffset = offsetof(Recorded, weakrefs),
+    .tp_repr = (reprfunc)recorded_repr,
+    .tp_getset = recorded_getset,
+    .tp_methods = recorded_methods,
+};
+
+/* -- module ------------------------------------------------------------------ */
+
+static PyObject *crc32_py(PyObject *module, PyObject *arg) {
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t crc = crc32_of(data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyMethodDef module_methods[] = {
+    {"set_writer", (PyCFunction)(void (*)(void))set_writer, METH_FASTCALL, "The file records go to (writer, Ring), or (None, None)."},
+    {"set_runtime", set_runtime, METH_VARARGS, "set_runtime(spans or None, bare_upto, span flags)"},
+    {"set_capturing", set_capturing, METH_O, "How many CUDA graphs are being captured."},
+    {"setup", setup, METH_VARARGS, "The Python objects the core reads (record/core.py)."},
+    {"seed", seed, METH_O, "Seeds the span and trace ids (32 bytes)."},
+    {"next_seq", next_seq, METH_NOARGS, "The next call number, shared with the compiled wrappers."},
+    {"recorded", recorded, METH_NOARGS, "How many calls this core recorded itself (the others went through Python)."},
+    {"reset_seq", reset_seq, METH_NOARGS, "After fork, in the child: numbering anew."},
+    {"crc32", crc32_py, METH_O, "CRC-32 as zlib.crc32 computes it (for the tests)."},
+    {NULL}};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_native", "The compiled recording core.", -1,
+                                        module_methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    crc_init();
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&RecordedType) < 0)
+        return NULL;
+    str_state = PyUnicode_InternFromString("state");
+    str_provider = PyUnicode_InternFromString("provider");
+    str_processors = PyUnicode_InternFromString("_processors");
+    str_symbols = PyUnicode_InternFromString("symbols");
+    str_write_record = PyUnicode_InternFromString("write_record");
+    str_flag = PyUnicode_InternFromString("_is_compiling_flag");
+    one = PyLong_FromLong(1);
+    str_span_processors = PyUnicode_InternFromString("_span_processors");
+    str_seen = PyUnicode_InternFromString("_seen");
+    str_targets = PyUnicode_InternFromString("_targets");
+    if (!str_span_processors || !str_seen || !str_targets)
+        return NULL;
+    if (!one || !str_state || !str_provider || !str_processors || !str_symbols || !str_write_record || !str_flag)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    if (PyModule_AddObject(module, "Ring", Py_NewRef((PyObject *)&RingType)) < 0 ||
+        PyModule_AddObject(module, "Recorded", Py_NewRef((PyObject *)&RecordedType)) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

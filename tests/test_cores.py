@@ -1,0 +1,206 @@
+"""The two recording cores (record/core.py): the compiled one that `pip
+install` builds here, and the pure-Python one (SGLANG_KERNEL_API_NATIVE=0, or
+where no compiler is). They write the same records: the same program gives
+the same report through either, and the crash and trust suites pass with
+the core this run does not use (this run's is the one its environment says)."""
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+import zlib
+from pathlib import Path
+
+import pytest
+
+import sglang_otel_kernels as sok
+from conftest import CORE_VARIABLE, clean_env
+from sglang_otel_kernels.record import core, tracefile
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON_CORE = os.environ.get(CORE_VARIABLE, "").strip().lower() in ("0", "false", "off", "no")
+# The suites of crashes (real processes killed mid-call, forks, threads, laps,
+# signals) and of trust (hostile files, evidence never destroyed).
+OTHER_CORE_SUITES = ["tests/test_crash.py", "tests/test_blackbox.py", "tests/test_tracefile.py",
+                     "tests/test_threads.py", "tests/test_spans.py", "tests/test_evidence.py",
+                     "tests/test_bad_input.py", "tests/test_silence.py", "tests/test_compile.py"]
+
+PROGRAM = r"""
+import os, sys, threading, torch
+import sglang_otel_kernels as sok
+
+@sok.debug_kernel_api(op_name="sglang.custom_op.rmsnorm")
+def rmsnorm(x, weight, eps=1e-6):
+    return x * weight
+
+@sok.debug_kernel_api(op_name="sglang.custom_op.layer")
+def layer(x, weight):
+    return rmsnorm(x, weight) + rmsnorm(x, weight, eps=1e-5)
+
+@sok.debug_kernel_api(op_name="sglang.custom_op.bad")
+def bad(x):
+    raise ValueError("shape mismatch")
+
+class Attention:
+    @sok.debug_kernel_api(op_name="sglang.custom_op.attention")
+    def forward(self, q, k):
+        return q + k
+
+@sok.debug_kernel_api(op_name="sglang.custom_op.fatal")
+def fatal(x):
+    os.abort()
+
+x, w = torch.ones(4, 8), torch.ones(8)
+for _ in range(3):
+    layer(x, w)
+Attention().forward(x, x)
+try:
+    bad(x)
+except ValueError:
+    pass
+worker = threading.Thread(target=lambda: [rmsnorm(x, w) for _ in range(5)], name="worker")
+worker.start(); worker.join()
+with sok.forward_batch([{}], name="decode_batch"):
+    layer(x, w)
+from sglang_otel_kernels.record import core
+print(sok.NATIVE, core.native.recorded() if sok.NATIVE else 0, flush=True)
+fatal(x)
+"""
+
+
+def test_the_core_in_use_is_the_one_this_environment_asks_for():
+    """`pip install` here builds the compiled core: NATIVE, and --version
+    names it; SGLANG_KERNEL_API_NATIVE=0 gives the Python one."""
+    assert sok.NATIVE is (not PYTHON_CORE)
+    version = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "--version"], capture_output=True,
+                             text=True, timeout=60).stdout
+    assert ("recording core: pure Python (SGLANG_KERNEL_API_NATIVE=0)" if PYTHON_CORE
+            else "recording core: compiled (C)") in version
+
+
+@pytest.mark.skipif(core.native is None, reason="checks the compiled core against zlib and the Python writer")
+def test_the_compiled_rings_records_are_the_python_writers_byte_for_byte(tmp_path):
+    """Each record the compiled ring copies (header, sequence, CRC, payload)
+    is byte for byte what the Python writer's inline path copies."""
+    sample = random.Random(7)
+    for size in (0, 1, 7, 8, 9, 63, 64, 65, 1000):
+        data = bytes(sample.getrandbits(8) for _ in range(size))
+        assert core.native.crc32(data) == zlib.crc32(data)
+    payloads = [(5, bytes(sample.getrandbits(8) for _ in range(63))), (1, bytes(range(17))), (0, b"\x00" * 5)]
+    rings = []
+    for ring, write in ((core.native.Ring(), tracefile.TraceFileWriter._write_compiled),
+                        (tracefile.PyRing(), tracefile.TraceFileWriter._write_python)):
+        writer = tracefile.TraceFileWriter(str(tmp_path / f"{type(ring).__name__}.sgltrace"), 1 << 16)
+        writer._core = ring
+        write(writer, 0, tracefile.encode(("Y", 1, "first")))  # creates the file, and sets the inline limit
+        first = ring.offset
+        for encoding, payload in payloads:
+            write(writer, encoding, payload)
+        assert ring.offset == first + 8 * sum((24 + len(p) + 7) // 8 for _, p in payloads)
+        rings.append(bytes(writer._ring[: ring.offset]))
+        writer.close()
+    assert rings[0] == rings[1]
+
+
+# What differs between two runs of one program: ids, times, pids, paths.
+_RUN_KEYS = {"trace_id", "span_id", "batch_span_id", "pid", "file", "files", "start", "duration_us", "seconds",
+             "total_us", "tracebacks", "request_traces", "job"}
+
+
+def _normalised(value):
+    """What a report says of calls (names, statuses, arguments, nesting),
+    without what differs between two runs."""
+    if isinstance(value, dict):
+        return {key: _normalised(item) for key, item in value.items() if key not in _RUN_KEYS}
+    if isinstance(value, list):
+        return [_normalised(item) for item in value]
+    if isinstance(value, str):
+        value = re.sub(r"/\S*\.sgltrace", "FILE", value)
+        value = re.sub(r"\b\d+(\.\d+)?\s?(s|us|ms)\b", "TIME", value)
+        return re.sub(r"pid \d+|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+|0x[0-9a-f]+|\b[0-9a-f]{16,32}\b", "#", value)
+    return value
+
+
+def _report_of_a_run(tmp_path: Path, python_core: bool, level: int, blackbox: bool) -> dict:
+    folder = tmp_path / ("python" if python_core else "compiled")
+    folder.mkdir()
+    env = clean_env(SGLANG_KERNEL_API_LOGLEVEL=str(level), SGLANG_KERNEL_API_LOGDEST="off",
+                    SGLANG_KERNEL_API_TRACEFILE=str(folder / "trace_%i.sgltrace"),
+                    SGLANG_KERNEL_API_BLACKBOX="1" if blackbox else "0")
+    env.pop(CORE_VARIABLE, None)
+    if python_core:
+        env[CORE_VARIABLE] = "0"
+    run = subprocess.run([sys.executable, "-c", PROGRAM], cwd=folder, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == -6, run.stderr  # the abort inside sglang.custom_op.fatal
+    native, recorded = run.stdout.split()
+    assert native == str(not python_core)
+    # The compiled core recorded 14 of the 20 calls: Python the first of each of the five kernels into the file
+    # (it writes their names) and the worker thread's first (it writes the thread's name).
+    assert int(recorded) == (0 if python_core else 14), run.stdout
+    report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(folder), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 1, report.stderr  # a crash
+    return json.loads(report.stdout)
+
+
+@pytest.mark.skipif(core.native is None, reason="compares the compiled core with the Python one")
+@pytest.mark.parametrize("level, blackbox", [(1, False), (1, True)])
+def test_the_same_program_gives_the_same_report_through_either_core(tmp_path, level, blackbox):
+    compiled = _report_of_a_run(tmp_path, False, level, blackbox)
+    python = _report_of_a_run(tmp_path, True, level, blackbox)
+    assert compiled["crashed"] and python["crashed"]
+    assert _normalised(compiled) == _normalised(python)
+    assert [call["name"] for call in compiled["in_flight"]] == ["sglang.custom_op.fatal"]
+    assert [call["name"] for call in compiled["failed"]] == ["sglang.custom_op.bad"]
+    assert compiled["summary"]["sglang.custom_op.rmsnorm"]["calls"] == 13
+
+
+@pytest.mark.skipif(core.native is None, reason="the other core is the Python one only where the compiled one is built")
+def test_the_crash_and_trust_suites_pass_with_the_other_core():
+    env = dict(os.environ)
+    if PYTHON_CORE:
+        env.pop(CORE_VARIABLE)
+    else:
+        env[CORE_VARIABLE] = "0"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *OTHER_CORE_SUITES],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert re.search(r"\d+ passed", run.stdout) and " skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
+
+
+def test_the_wheel_holds_the_compiled_core_and_the_sdist_installs_without_a_compiler(tmp_path):
+    """The wheel built here holds `_native`; the sdist, where no compiler
+    runs, installs the pure-Python core, which says so once."""
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    built = subprocess.run([*pip, "wheel", "--no-deps", "-w", str(tmp_path / "wheel"), str(ROOT)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(re.fullmatch(r"sglang_otel_kernels/_native\.[^/]*\.so", name) for name in names), names
+
+    sdist = subprocess.run([sys.executable, "-m", "build", "--sdist", "-o", str(tmp_path / "sdist"), str(ROOT)],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert sdist.returncode == 0, sdist.stdout[-3000:] + sdist.stderr[-3000:]
+    (archive,) = (tmp_path / "sdist").glob("*.tar.gz")
+    assert any(name.endswith("sglang_otel_kernels/_native.c") for name in tarfile.open(archive).getnames())
+    target = tmp_path / "site"
+    env = clean_env(CC="/bin/false", CXX="/bin/false")
+    env.pop(CORE_VARIABLE, None)
+    installed = subprocess.run([*pip, "install", "--no-deps", "--target", str(target),
+                                str(archive)], env=env, capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    assert not list(target.glob("sglang_otel_kernels/_native*.so"))
+    # -S: not this environment's editable install (its finder would win over the path); its packages, plainly.
+    script = (f"import sys; sys.path[:0] = [{str(target)!r}]; sys.path += {sysconfig.get_paths()['purelib']!r}, "
+              f"{sysconfig.get_paths()['platlib']!r}\nimport sglang_otel_kernels as s; print(s.NATIVE, s.__file__)")
+    check = subprocess.run([sys.executable, "-S", "-c", script], env=env, cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)
+    assert check.stdout.split() == ["False", str(target / "sglang_otel_kernels" / "__init__.py")], check.stderr
+    assert check.stderr.count("the pure-Python recording core runs: the compiled core is not built here") == 1
