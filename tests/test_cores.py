@@ -204,3 +204,29 @@ def test_the_wheel_holds_the_compiled_core_and_the_sdist_installs_without_a_comp
                            text=True, timeout=120)
     assert check.stdout.split() == ["False", str(target / "sglang_otel_kernels" / "__init__.py")], check.stderr
     assert check.stderr.count("the pure-Python recording core runs: the compiled core is not built here") == 1
+
+
+@pytest.mark.skipif(core.native is None, reason="the compiled wrapper's own check")
+def test_the_compiled_wrapper_calls_straight_through_while_torch_compiles(tmp_path):
+    """While torch.compiler says it compiles (an export's or AOT trace's
+    Python run), the compiled wrapper calls the kernel and records nothing."""
+    import torch
+
+    sok.configure(level=1, log_dest="off", trace_file=str(tmp_path / "t.sgltrace"), export_sidecar=False)
+    kernel = sok.debug_kernel_api(op_name="sglang.custom_op.traced")(lambda x: x + 1)
+    assert type(kernel) is core.native.Recorded
+    kernel(torch.ones(2))
+    kernel(torch.ones(2))  # the first went through Python (the name into the file), this one through C
+    before = core.native.recorded()
+    torch.compiler._is_compiling_flag = True
+    try:
+        assert kernel(torch.ones(2)).tolist() == [2.0, 2.0]
+    finally:
+        torch.compiler._is_compiling_flag = False
+    assert core.native.recorded() == before
+    kernel(torch.ones(2))
+    assert core.native.recorded() == before + 1
+    calls = [s for s in sok.read_trace_file(str(tmp_path / "t.sgltrace")).spans if s.name == "sglang.custom_op.traced"]
+    assert [s.attributes["sglang.kernel.seq"] for s in calls] == sorted(s.attributes["sglang.kernel.seq"] for s in calls)
+    assert len(calls) == 3
+    sok.configure(level=0, trace_file="off")

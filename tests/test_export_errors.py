@@ -33,9 +33,10 @@ def _closed_port() -> int:
 
 
 def _env(**more) -> dict:
-    env = clean_env(**more)
+    env = clean_env()
     for variable in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
         env.pop(variable, None)
+    env.update(more)
     return env
 
 

@@ -10,6 +10,7 @@ import pytest
 
 import sglang_otel_kernels as sok
 from otlp_receivers import GrpcReceiver, HttpReceiver
+from conftest import clean_env
 
 CLIENT_TRACES = [0x1000 + i for i in range(3)]
 CLIENT_PARENTS = [0x2000 + i for i in range(3)]
@@ -33,12 +34,6 @@ with sok.forward_batch(requests[:1], name="prefill_batch"):
     kernel(torch.ones(2))
 print(sok.trace_file_path())
 """
-
-
-def clean_env(**extra):
-    env = clean_env()
-    env.update(extra)
-    return env
 
 
 def run_server(tmp_path, env):

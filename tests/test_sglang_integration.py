@@ -57,7 +57,6 @@ def linear(weight, x):
 SCHEDULER = '''
 import types
 from sglang.srt.layers.norm import rmsnorm
-from conftest import clean_env
 
 
 class Scheduler:
