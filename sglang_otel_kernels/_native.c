@@ -556,7 +556,8 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
     PyObject *outer = Py_NewRef(PyList_GET_ITEM(state, 2));
     PyObject *writer = Py_NewRef(core.writer);
     Ring *ring = (Ring *)Py_NewRef((PyObject *)core.ring);
-    PyObject *trace = NULL, *call = NULL, *result;
+    PyObject *trace = NULL, *call = NULL, *result = NULL;
+    PyObject *then = NULL; /* what runs the kernel instead, once this core let go of its references */
     uint64_t hi, lo, parent_id;
     unsigned flags;
     if (outer != Py_None) {
@@ -666,46 +667,33 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         if (write_record(writer, ring, ENCODING_COMPACT_END, record, COMPACT_END_SIZE) < 0)
             PyErr_WriteUnraisable(self->slow); /* never the kernel's result lost for its record */
     }
-    Py_DECREF(call);
-    Py_DECREF(state);
-    Py_DECREF(outer);
-    Py_DECREF(writer);
-    Py_DECREF(ring);
-    return result;
+    goto release;
 
 fail:
-    /* Recording met an error after the call was numbered: the kernel still runs, unrecorded. */
-    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) {
-        Py_XDECREF(trace);
-        Py_XDECREF(call);
-        Py_DECREF(state);
-        Py_DECREF(outer);
-        Py_DECREF(writer);
-        Py_DECREF(ring);
-        return NULL; /* KeyboardInterrupt and the like go to the caller */
+    /* Recording met an error after the call was numbered: the kernel still
+     * runs, unrecorded; KeyboardInterrupt and the like go to the caller. */
+    if (PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_WriteUnraisable(self->slow);
+        PyList_SetItem(state, 2, Py_NewRef(outer));
+        then = self->function;
     }
-    PyErr_WriteUnraisable(self->slow);
-    PyList_SetItem(state, 2, Py_NewRef(outer));
+    goto release;
+
+slow:
+    /* The Python path meets an ordinary error again, and says so. */
+    if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        then = self->slow;
+    }
+
+release:
     Py_XDECREF(trace);
     Py_XDECREF(call);
     Py_DECREF(state);
     Py_DECREF(outer);
     Py_DECREF(writer);
     Py_DECREF(ring);
-    return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
-
-slow:
-    Py_XDECREF(trace);
-    Py_DECREF(state);
-    Py_DECREF(outer);
-    Py_DECREF(writer);
-    Py_DECREF(ring);
-    if (PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception))
-            return NULL;
-        PyErr_Clear(); /* the Python path meets it again, and says so */
-    }
-    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    return then != NULL ? PyObject_Vectorcall(then, args, nargsf, kwnames) : result;
 }
 
 static int recorded_init(Recorded *self, PyObject *args, PyObject *kwds) {
