@@ -53,6 +53,7 @@ def __getattr__(name: str) -> Any:
     if name in _CAPTURE:
         import importlib
 
+        importlib.import_module(f"{__name__}.capture.recording")  # the decorator with its hooks
         return getattr(importlib.import_module(f"{__name__}.capture.{_CAPTURE[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -64,12 +65,12 @@ if os.environ.get(ENV_PATHS) and get_config().level > 0:
 
 
 def _record_collectives(_torch: Any) -> None:
-    """Once torch is imported: the decorator's runtime, which records
-    torch.distributed's collectives (capture/collectives.py)."""
+    """Once torch is imported: the decorator's runtime and its hooks, which
+    record torch.distributed's collectives (capture/collectives.py)."""
     try:
         import importlib
 
-        importlib.import_module(f"{__name__}.capture.decorator")
+        importlib.import_module(f"{__name__}.capture.recording")
     except Exception as exc:  # inside the application's `import torch`: never raise there
         from .notices import warn_failed_once
 

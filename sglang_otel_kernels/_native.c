@@ -17,6 +17,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <marshal.h>
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
@@ -34,6 +35,9 @@
 #define COMPACT_END_SIZE 17 /* <QqB */
 #define FLAG_SAMPLED 1
 #define FLAG_PARENT_SAMPLED 8
+#define FLAG_GRAPH_REPLAY 128
+#define MARSHAL_VERSION 4
+#define MAX_INLINE_EXTRA 4096 /* a replay's attributes copied here; larger ones go through Python */
 
 /* -- CRC-32 (zlib's polynomial), slicing by 8 ----------------------------- */
 
@@ -213,6 +217,7 @@ static struct {
 
 static PyObject *str_span_processors, *str_seen, *str_targets;
 static PyObject *str_state, *str_provider, *str_processors, *str_symbols, *str_write_record, *str_flag, *one;
+static PyObject *str_attributes, *str_next_replay;
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -371,6 +376,10 @@ typedef struct {
     long level;
     unsigned long long symbol_ring; /* the ring `symbol` is valid for (0: none) */
     unsigned long symbol;
+    /* A CUDA graph's replay (capture/graphs.py), or NULL: where a graph keeps
+     * its Graph, the thread-local whose `attributes` an integration sets, and
+     * the list [pending replay, output check on]. */
+    PyObject *graph_attribute, *replay_context, *replays;
     PyObject *dict;
     PyObject *weakrefs;
 } Recorded;
@@ -536,6 +545,50 @@ static int write_record(PyObject *writer, Ring *ring, unsigned encoding, const u
     return 0;
 }
 
+/* What graphs.py's hooks give a replay, done here: its attributes as marshal
+ * data (`*extra`, or NULL: none) and its call number, the graph's id and
+ * replay number packed (`*seq`). 1 when done; 0 (nothing consumed, no error
+ * set) when Python's hooks must do it: a graph it has not seen, the output
+ * check on, attributes marshal refuses or too large. */
+static int replay_fields(Recorded *self, PyObject *const *args, size_t nargsf, PyObject **extra,
+                         unsigned long long *seq) {
+    *extra = NULL;
+    if (PyVectorcall_NARGS(nargsf) < 1 || !PyList_CheckExact(self->replays) || PyList_GET_SIZE(self->replays) != 2 ||
+        PyList_GET_ITEM(self->replays, 1) != Py_False)
+        return 0;
+    PyObject *info = PyObject_GetAttr(args[0], self->graph_attribute);
+    PyObject *attributes = info != NULL ? PyObject_GetAttr(self->replay_context, str_attributes) : NULL;
+    PyObject *next = NULL, *number = NULL;
+    int done = 0;
+    if (attributes == NULL || info == Py_None)
+        goto out;
+    if (attributes != Py_None) {
+        if (!PyDict_CheckExact(attributes))
+            goto out;
+        if (PyDict_GET_SIZE(attributes)) {
+            *extra = PyMarshal_WriteObjectToString(attributes, MARSHAL_VERSION);
+            if (*extra == NULL || PyBytes_GET_SIZE(*extra) > MAX_INLINE_EXTRA)
+                goto out;
+        }
+    }
+    next = PyObject_GetAttr(info, str_next_replay);
+    number = next != NULL ? PyObject_CallNoArgs(next) : NULL;
+    if (number == NULL)
+        goto out;
+    *seq = PyLong_AsUnsignedLongLong(number);
+    done = !PyErr_Occurred();
+out:
+    if (!done) {
+        PyErr_Clear();
+        Py_CLEAR(*extra);
+    }
+    Py_XDECREF(info);
+    Py_XDECREF(attributes);
+    Py_XDECREF(next);
+    Py_XDECREF(number);
+    return done;
+}
+
 static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (compiling())
         return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
@@ -557,6 +610,9 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
     PyObject *writer = Py_NewRef(core.writer);
     Ring *ring = (Ring *)Py_NewRef((PyObject *)core.ring);
     PyObject *trace = NULL, *call = NULL, *result = NULL;
+    PyObject *extra = NULL; /* a replay's attributes, marshalled */
+    unsigned long long seq;
+    unsigned kind_flags = 0;
     PyObject *then = NULL; /* what runs the kernel instead, once this core let go of its references */
     uint64_t hi, lo, parent_id;
     unsigned flags;
@@ -586,11 +642,17 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
                 goto slow;
         }
     }
-    flags |= core.span_flags;
+    if (self->replays != NULL) { /* last before numbering: Python's hooks take a replay this cannot */
+        if (!replay_fields(self, args, nargsf, &extra, &seq))
+            goto slow;
+        kind_flags = FLAG_GRAPH_REPLAY;
+    }
+    flags |= core.span_flags | kind_flags;
     uint64_t span_id = random64();
     if (!span_id)
         span_id = 1;
-    unsigned long long seq = ++core.seq;
+    if (!kind_flags)
+        seq = ++core.seq;
     core.recorded++;
     PyObject *calls = PyNumber_Add(PyList_GET_ITEM(state, 3), one);
     if (calls == NULL)
@@ -598,7 +660,8 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
     PyList_SetItem(state, 3, calls);
     long long start = now_ns();
     {
-        unsigned char record[KERNEL_SPAN_SIZE];
+        unsigned char record[KERNEL_SPAN_SIZE + MAX_INLINE_EXTRA];
+        size_t size = KERNEL_SPAN_SIZE;
         uint64_t ident;
         ident = PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(state, 1));
         uint32_t symbol32 = (uint32_t)symbol;
@@ -613,7 +676,11 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         record[53] = (unsigned char)flags;
         put_u64(record + 54, seq);
         record[62] = (unsigned char)self->level;
-        if (PyErr_Occurred() || write_record(writer, ring, ENCODING_KERNEL_SPAN, record, KERNEL_SPAN_SIZE) < 0)
+        if (extra != NULL) {
+            memcpy(record + KERNEL_SPAN_SIZE, PyBytes_AS_STRING(extra), (size_t)PyBytes_GET_SIZE(extra));
+            size += (size_t)PyBytes_GET_SIZE(extra);
+        }
+        if (PyErr_Occurred() || write_record(writer, ring, ENCODING_KERNEL_SPAN, record, size) < 0)
             goto fail;
     }
     /* The call as the Python side keeps it (record/spans.py: TRACE_ID ... CALL_SEQ). */
@@ -661,6 +728,11 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
     } else {
         unsigned char record[COMPACT_END_SIZE];
         long long end = now_ns();
+        if (kind_flags) { /* the replay a device error met later is blamed on */
+            PyObject *pending = PyLong_FromUnsignedLongLong(seq);
+            if (pending == NULL || PyList_SetItem(self->replays, 0, pending) < 0)
+                PyErr_WriteUnraisable(self->slow);
+        }
         put_u64(record, span_id);
         put_u64(record + 8, (uint64_t)end);
         record[16] = 0; /* status: unset */
@@ -687,6 +759,7 @@ slow:
     }
 
 release:
+    Py_XDECREF(extra);
     Py_XDECREF(trace);
     Py_XDECREF(call);
     Py_DECREF(state);
@@ -697,13 +770,25 @@ release:
 }
 
 static int recorded_init(Recorded *self, PyObject *args, PyObject *kwds) {
-    PyObject *function, *slow, *site, *name;
+    PyObject *function, *slow, *site, *name, *replay = Py_None;
     long level;
-    if (!PyArg_ParseTuple(args, "OOOUl:Recorded", &function, &slow, &site, &name, &level))
+    if (!PyArg_ParseTuple(args, "OOOUl|O:Recorded", &function, &slow, &site, &name, &level, &replay))
         return -1;
-    if (!PyCallable_Check(function) || !PyCallable_Check(slow)) {
-        PyErr_SetString(PyExc_TypeError, "Recorded(function, slow wrapper, site, name, level)");
+    if (!PyCallable_Check(function) || !PyCallable_Check(slow) ||
+        (replay != Py_None && (!PyTuple_Check(replay) || PyTuple_GET_SIZE(replay) != 3 ||
+                               !PyUnicode_Check(PyTuple_GET_ITEM(replay, 0)) ||
+                               !PyList_CheckExact(PyTuple_GET_ITEM(replay, 2))))) {
+        PyErr_SetString(PyExc_TypeError, "Recorded(function, slow wrapper, site, name, level[, (graph attribute, "
+                                         "replay context, [pending replay, output check]) for a graph's replay])");
         return -1;
+    }
+    Py_CLEAR(self->graph_attribute);
+    Py_CLEAR(self->replay_context);
+    Py_CLEAR(self->replays);
+    if (replay != Py_None) {
+        self->graph_attribute = Py_NewRef(PyTuple_GET_ITEM(replay, 0));
+        self->replay_context = Py_NewRef(PyTuple_GET_ITEM(replay, 1));
+        self->replays = Py_NewRef(PyTuple_GET_ITEM(replay, 2));
     }
     Py_XSETREF(self->function, Py_NewRef(function));
     Py_XSETREF(self->slow, Py_NewRef(slow));
@@ -719,6 +804,8 @@ static int recorded_traverse(Recorded *self, visitproc visit, void *arg) {
     Py_VISIT(self->function);
     Py_VISIT(self->slow);
     Py_VISIT(self->site);
+    Py_VISIT(self->replay_context);
+    Py_VISIT(self->replays);
     Py_VISIT(self->dict);
     return 0;
 }
@@ -728,6 +815,9 @@ static int recorded_clear(Recorded *self) {
     Py_CLEAR(self->slow);
     Py_CLEAR(self->site);
     Py_CLEAR(self->name);
+    Py_CLEAR(self->graph_attribute);
+    Py_CLEAR(self->replay_context);
+    Py_CLEAR(self->replays);
     Py_CLEAR(self->dict);
     return 0;
 }
@@ -820,6 +910,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     str_symbols = PyUnicode_InternFromString("symbols");
     str_write_record = PyUnicode_InternFromString("write_record");
     str_flag = PyUnicode_InternFromString("_is_compiling_flag");
+    str_attributes = PyUnicode_InternFromString("attributes");
+    str_next_replay = PyUnicode_InternFromString("next_replay");
+    if (!str_attributes || !str_next_replay)
+        return NULL;
     one = PyLong_FromLong(1);
     str_span_processors = PyUnicode_InternFromString("_span_processors");
     str_seen = PyUnicode_InternFromString("_seen");

@@ -358,10 +358,10 @@ def configure(
         except ValueError as exc:
             raise ValueError(f"hang_seconds {exc}; got {hang_seconds!r}") from None
     _config = dataclasses.replace(_config, **changes)
-    # The decorator's runtime follows the settings (and sets tracing up at
-    # once); it is loaded on first use because it needs torch, which reading
-    # a trace file does not.
-    importlib.import_module(f"{__package__}.capture.decorator")
+    # The decorator's runtime and its hooks follow the settings (and set
+    # tracing up at once); loaded on first use because they need torch,
+    # which reading a trace file does not.
+    importlib.import_module(f"{__package__}.capture.recording")
     for listener in _listeners:
         listener(_config)
     return _config

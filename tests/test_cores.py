@@ -67,6 +67,32 @@ worker = threading.Thread(target=lambda: [rmsnorm(x, w) for _ in range(5)], name
 worker.start(); worker.join()
 with sok.forward_batch([{}], name="decode_batch"):
     layer(x, w)
+
+# A CUDA graph (the tests' stand-in, through the same seam): captured, then
+# replayed alone and in a batch's context, then a device error it is blamed for.
+sys.path.insert(0, sys.argv[1])
+from stand_in_graph import StandInGraph, capturing
+from sglang_otel_kernels.capture.graphs import record_graph_class, replay_attributes
+record_graph_class(StandInGraph)
+graph = StandInGraph()
+with capturing():
+    graph.capture_begin()
+    layer(x, w)
+    graph.capture_end()
+for _ in range(2):
+    graph.replay()
+for size in (2, 3):
+    with replay_attributes(**{"sglang.batch.size": size, "sglang.batch.request_ids": ("a", "b", "c")[:size]}):
+        graph.replay()
+
+@sok.debug_kernel_api(op_name="sglang.custom_op.sync")
+def sync(x):
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+try:
+    sync(x)
+except RuntimeError:
+    pass
 from sglang_otel_kernels.record import core
 print(sok.NATIVE, core.native.recorded() if sok.NATIVE else 0, flush=True)
 fatal(x)
@@ -135,14 +161,15 @@ def _report_of_a_run(tmp_path: Path, python_core: bool, level: int, blackbox: bo
     env.pop(CORE_VARIABLE, None)
     if python_core:
         env[CORE_VARIABLE] = "0"
-    run = subprocess.run([sys.executable, "-c", PROGRAM], cwd=folder, env=env, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", PROGRAM, str(ROOT / "tests")], cwd=folder, env=env, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == -6, run.stderr  # the abort inside sglang.custom_op.fatal
     native, recorded = run.stdout.split()
     assert native == str(not python_core)
-    # The compiled core recorded 14 of the 20 calls: Python the first of each of the five kernels into the file
-    # (it writes their names) and the worker thread's first (it writes the thread's name).
-    assert int(recorded) == (0 if python_core else 14), run.stdout
+    # The compiled core recorded 17 of the 28 calls and replays: Python the first of each of the six kernels
+    # and of the replays into the file (it writes their names), the worker thread's first (it writes the
+    # thread's name) and the three calls made while the graph was captured.
+    assert int(recorded) == (0 if python_core else 17), run.stdout
     report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(folder), "--json"],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 1, report.stderr  # a crash
@@ -157,8 +184,19 @@ def test_the_same_program_gives_the_same_report_through_either_core(tmp_path, le
     assert compiled["crashed"] and python["crashed"]
     assert _normalised(compiled) == _normalised(python)
     assert [call["name"] for call in compiled["in_flight"]] == ["sglang.custom_op.fatal"]
-    assert [call["name"] for call in compiled["failed"]] == ["sglang.custom_op.bad"]
-    assert compiled["summary"]["sglang.custom_op.rmsnorm"]["calls"] == 13
+    assert [call["name"] for call in compiled["failed"]] == ["sglang.custom_op.bad", "sglang.custom_op.sync"]
+    assert compiled["summary"]["sglang.custom_op.rmsnorm"]["calls"] == 15
+    assert compiled["summary"]["cuda_graph.replay"]["calls"] == 4
+    assert "replay 4 of graph 1" in json.dumps(compiled["failed"][1])
+    replays = [_replay_attributes(tmp_path / folder) for folder in ("compiled", "python")]
+    assert replays[0] == replays[1]
+    assert [r["sglang.cuda_graph.replay"] for r in replays[0]] == [1, 2, 3, 4]
+    assert replays[0][3]["sglang.batch.request_ids"] == ("a", "b", "c")
+
+
+def _replay_attributes(folder: Path) -> list:
+    (path,) = folder.glob("*.sgltrace")
+    return [dict(span.attributes) for span in sok.read_trace_file(str(path)).spans if span.name == "cuda_graph.replay"]
 
 
 @pytest.mark.skipif(core.native is None, reason="the other core is the Python one only where the compiled one is built")

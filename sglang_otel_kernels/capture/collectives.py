@@ -35,6 +35,7 @@ from ..notices import warn_failed_once
 from ..record import identity
 from ..record.spans import FLAGS
 from ..record.tracefile import CALL, FLAG_COLLECTIVE, PACKED_COLLECTIVE, per_thread
+from .decorator import wrap_hooked
 from .patches import Instrumentation, Patch
 
 MAX_TENSORS = 8  # of a list argument, the first this many are described
@@ -381,8 +382,6 @@ def install() -> Instrumentation | None:
 
     if not dist.is_available():
         return None
-    from .decorator import wrap_hooked
-
     _dist = dist
     handle = Instrumentation("torch.distributed collectives")
     module = dist.distributed_c10d
@@ -419,6 +418,7 @@ def follow_config(cfg: "_config.KernelTraceConfig") -> None:
 
 
 _config.on_change(follow_config)
+follow_config(_config.get_config())
 
 
 def _after_fork_in_child() -> None:

@@ -14,7 +14,7 @@ import inspect
 import itertools
 import os
 from time import time_ns
-from typing import Any, Callable, TypeVar, overload
+from typing import Any, Callable, Protocol, TypeVar, overload
 
 import torch
 from opentelemetry import context as otel_context
@@ -29,8 +29,7 @@ from .. import schema
 from ..record import attributes as _attrs
 from ..record import batches, core, tracefile
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
-from ..record.processor import set_writer
-from ..record.setup import make_writer, watch_global_provider
+from ..record.setup import follow_trace_file, watch_global_provider
 from ..record.spans import KernelSpans, awaited, call_context, parent_context, parent_of, unwind
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import compiler_flags, is_compiling, is_graph_capturing
@@ -65,12 +64,7 @@ class _Runtime:
         # Calls of sites up to this level need their span alone: nothing to
         # describe, log or dump (-1: none; level 10 always dumps).
         self.bare_upto = -1 if self.text.enabled or self.spans is None else 9 if not self.span_arguments else 2
-        # The same trace-file settings keep the same file: a new writer would
-        # start the file afresh and lose what it holds.
-        self.trace_file_key = (cfg.level > 0, cfg.spans, cfg.blackbox, cfg.trace_file, cfg.trace_file_size,
-                               cfg.trace_file_fsync, cfg.faulthandler)
-        if previous is None or previous.trace_file_key != self.trace_file_key:
-            set_writer(make_writer(cfg))
+        follow_trace_file(cfg)
         # Level-10 counters and limits hold for the process while the dump settings stay.
         dumps = Dumps(cfg)
         self.dumps = previous.dumps if previous is not None and previous.dumps.settings == dumps.settings else dumps
@@ -93,8 +87,9 @@ def _statistics(infos: list) -> "BaseException | None":
     if any. A transfer that met none clears the CUDA graph replay that a
     later device error would have been blamed on."""
     fault = fill_statistics(infos)
-    if fault is None and graphs.pending() and any(info.stats is not None and info.device != "cpu" for info in infos):
-        graphs.healthy()
+    if (fault is None and _graphs is not None and _graphs.pending()
+            and any(info.stats is not None and info.device != "cpu" for info in infos)):
+        _graphs.healthy()
     return fault
 
 
@@ -300,7 +295,7 @@ class KernelSite:
         if fault is not None:
             # Seen at the synchronisation right after this call: this call, or one launched before it.
             earlier = _device_fault
-            graph = graphs.suspect()
+            graph = _graph_suspect()
             _saw_device_fault(f"after {self.name} ran")
             note = _ASYNC_NOTE + (f"; first seen {earlier}" if earlier else "; seen by the recorder after this call")
             if graph is not None and not earlier:
@@ -354,7 +349,7 @@ class KernelSite:
             note, added = "", None
             if _device_fault is not None and is_device_error(exc):
                 note = f"a sticky device error, first seen {_device_fault}: not necessarily this call's"
-            elif is_device_error(exc) and (graph := graphs.suspect()) is not None:
+            elif is_device_error(exc) and (graph := _graph_suspect()) is not None:
                 # An asynchronous error seen first here: the newest CUDA graph replay comes first.
                 _saw_device_fault(f"in {self.name}, after {graph[1][schema.GRAPH_SUSPECT]}")
                 note, added = _ASYNC_NOTE + f"; {graph[0]}", graph[1]
@@ -381,19 +376,50 @@ def _nonfinite_requests(batch: "batches.Batch", node) -> "tuple[str, ...] | None
     return tuple(name for name in batch.names if name in owners)[: batches.MAX_NONFINITE_REQUESTS]
 
 
-# A hook that sees a call before it runs (capture/collectives.py, graphs.py):
-# (attributes, trace-file flags, call number or None for the next one), or
-# None for a call not to record; and one after it: None, or (attributes
-# added at its end, a device error the hook's own synchronisation met).
-# Hooks run on every call, unguarded: each catches its own errors.
+# The interface capture hooks register through (capture/collectives.py,
+# graphs.py; loaded with this module by capture/recording.py): a hook that
+# sees a call before it runs: (attributes, trace-file flags, call number or
+# None for the next one), or None for a call not to record; and one after
+# it: None, or (attributes added at its end, a device error the hook's own
+# synchronisation met). Hooks run on every call, unguarded: each catches its
+# own errors. `wrap_hooked` records a function with them.
 Before = Callable[[tuple, dict], "tuple | None"]
 After = Callable[[tuple, "tuple | None", Any], "tuple | None"]
-# How many CUDA graphs are being captured now (capture/graphs.py): while
-# any is, each call is marked with its graph and joins its call list.
+
+
+class GraphWatch(Protocol):
+    """What the CUDA graph recorder tells the decorator (`watch_graphs`)."""
+
+    def captured(self, name: str, args: tuple, kwargs: dict, extra: "dict | None") -> "dict | None":
+        """A call made while this thread captures a graph: `extra` with its place in the graph."""
+
+    def suspect(self) -> "tuple[str, dict] | None":
+        """The replay a device error met now is blamed on: a note and attributes."""
+
+    def pending(self) -> bool:
+        """Whether a replay would be blamed for a device error met now."""
+
+    def healthy(self) -> None:
+        """The recorder synchronised and saw no device error."""
+
+
+_graphs: "GraphWatch | None" = None
+# How many CUDA graphs are being captured now (`capturing`): while any is,
+# each call is marked with its graph and joins its call list.
 _capturing = 0
 
 
+def watch_graphs(watch: GraphWatch) -> None:
+    global _graphs
+    _graphs = watch
+
+
+def _graph_suspect() -> "tuple[str, dict] | None":
+    return _graphs.suspect() if _graphs is not None else None
+
+
 def capturing(delta: int) -> None:
+    """A graph capture began (+1) or ended (-1) on some thread."""
     global _capturing
     _capturing += delta
     if core.native is not None:
@@ -426,8 +452,9 @@ def _wrap_coroutine(func: F, site: KernelSite) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _wrap(func: F, name: str, level: int, before: Before | None = None, after: After | None = None) -> F:
-    """The recorded version of `func`, optionally with hooks (see `Before`, `After`)."""
+def _wrap(func: F, name: str, level: int, before: Before | None = None, after: After | None = None,
+          replay: "tuple | None" = None) -> F:
+    """The recorded version of `func`, optionally with hooks (see `Before`, `After`, `wrap_hooked`)."""
     site = KernelSite(func, name, level)
     if before is None and inspect.iscoroutinefunction(func):
         return _wrap_coroutine(func, site)
@@ -446,7 +473,7 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
             if seq is None:
                 seq = _next_seq()
         if _capturing:
-            extra = graphs.captured(name, args, kwargs, extra)
+            extra = _graphs.captured(name, args, kwargs, extra)
         runtime = _runtime
         # The outer handler costs nothing until an exception passes (an
         # exception table): see spans.unwind.
@@ -488,13 +515,13 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
             raise
 
     setattr(wrapper, WRAPPED_MARKER, True)
-    if core.native is None or before is not None or after is not None:
+    if core.native is None or (replay is None and (before is not None or after is not None)):
         return wrapper  # type: ignore[return-value]
-    # The compiled core records the calls of the bare path and hands the
-    # others to `wrapper`. torch.compile traces `__original_fn` of an object
+    # The compiled core records the calls of the bare path (and a graph's
+    # replays, doing what its hooks do) and hands the others to `wrapper`. torch.compile traces `__original_fn` of an object
     # so marked (as torch.jit.script_if_tracing marks its wrappers): the
     # kernel itself, as through `wrapper`, which calls straight through then.
-    recorded = core.native.Recorded(func, wrapper, site, name, level)
+    recorded = core.native.Recorded(func, wrapper, site, name, level, replay)
     functools.update_wrapper(recorded, func)
     for key, value in ((WRAPPED_MARKER, True), ("__original_fn", func), ("__script_if_tracing_wrapper", True)):
         setattr(recorded, key, value)
@@ -512,10 +539,15 @@ if core.native is not None:
     core.native.setup(tracefile.per_thread, *core.context_var(), parent_of, _native_failed, *compiler_flags())
 
 
-def wrap_hooked(func: F, name: str, before: Before, after: After | None = None) -> F:
+def wrap_hooked(func: F, name: str, before: Before, after: After | None = None, *,
+                replay: "tuple | None" = None) -> F:
     """`func` recorded as `name` at the level in force, with hooks (a
-    collective, a CUDA graph's replay)."""
-    return _wrap(func, name, _config.get_config().level, before, after)
+    collective, a CUDA graph's replay). `replay`, for a graph's replay
+    (capture/graphs.py): (the attribute its graph object keeps its Graph in,
+    the thread-local whose `attributes` go on the span, the list [pending
+    replay, output check on]), with which the compiled core records the
+    replays the hooks would record alone, and updates the list as `after`."""
+    return _wrap(func, name, _config.get_config().level, before, after, replay)
 
 
 @overload
@@ -567,12 +599,3 @@ def wrap_method_with_debug_kernel_once(
     setattr(obj, method_name, debug_kernel_api(getattr(obj, method_name), op_name=op_name))
     setattr(obj, marker, True)
     return obj
-
-
-# torch.distributed's collectives and CUDA graphs are recorded with this
-# module's wrapper while the level is above 0, from now on.
-from . import graphs  # noqa: E402
-from .collectives import follow_config  # noqa: E402
-
-follow_config(_config.get_config())
-graphs.follow_config(_config.get_config())

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import sys
 import threading
 import weakref
 from typing import Any, Callable
@@ -42,6 +43,7 @@ from ..record.processor import current_writer
 from ..record.spans import CALL_SEQ, captured_calls
 from ..record.tracefile import FLAG_GRAPH_REPLAY, MAX_GRAPH_CALLS, REPLAY_SHIFT, replay_fields
 from ..schema import GRAPH_ID, GRAPH_POSITION, GRAPH_REPLAY, GRAPH_SUSPECT, HAS_INF, HAS_NAN, REPLAY_NAME
+from . import decorator
 from .collectives import MAX_TENSORS, tensor_fields
 from .patches import Instrumentation, Patch
 
@@ -73,10 +75,13 @@ class Graph:
 _ids = itertools.count(1)
 _local = threading.local()  # .captures: this thread's graphs being captured, innermost last
 _fallback: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graphs without a __dict__
-# The newest replay since the device was last seen healthy (its call number:
-# graph id and replay number packed), or None.
-_pending: int | None = None
-_check_outputs = False  # level 5 and SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK
+# [the newest replay since the device was last seen healthy (its call number:
+# graph id and replay number packed) or None, whether the output check is on
+# (level 5 and SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK)]: a list, which the
+# compiled core's replays update too.
+_replays: list = [None, False]
+
+
 class _Context(threading.local):
     attributes: "dict | None" = None  # what an integration says of the replays this thread makes (batch, mode)
 
@@ -125,8 +130,6 @@ def captured(name: str, args: tuple, kwargs: dict, extra: "dict | None") -> "dic
 
 
 def _begin(original: Callable) -> Callable:
-    from . import decorator
-
     @functools.wraps(original)
     def capture_begin(graph, *args, **kwargs):
         capture = Capture(next(_ids))
@@ -142,8 +145,6 @@ def _begin(original: Callable) -> Callable:
 
 
 def _ended(capture: Capture) -> None:
-    from . import decorator
-
     captures = getattr(_local, "captures", [])
     if capture in captures:
         captures.remove(capture)
@@ -210,11 +211,10 @@ def _before(args: tuple, kwargs: dict, _context=_context, _attribute=_ATTRIBUTE,
 def _after(args: tuple, call: "tuple | None", result: Any):
     """After a replay: it is the pending suspect of a device error; with the
     output check on, one reduction over the graph's outputs flags the span."""
-    global _pending
     if call is None:
         return None
-    _pending = call[CALL_SEQ]
-    if not _check_outputs:
+    _replays[0] = call[CALL_SEQ]
+    if not _replays[1]:
         return None
     info = _graph_of(args[0] if args else None)
     if info is None or not info.outputs:
@@ -234,9 +234,9 @@ def _after(args: tuple, call: "tuple | None", result: Any):
 def suspect() -> "tuple[str, dict] | None":
     """The newest replay since the device was last seen healthy, as a note
     and attributes for a call that meets a device error; None when none."""
-    if _pending is None:
+    if _replays[0] is None:
         return None
-    fields = replay_fields(_pending)
+    fields = replay_fields(_replays[0])
     graph_id, replay = fields[GRAPH_ID], fields[GRAPH_REPLAY]
     calls = captured_calls.get(graph_id)
     kernels = f"whose {calls} captured kernels are" if calls is not None else "whose kernels are"
@@ -246,13 +246,12 @@ def suspect() -> "tuple[str, dict] | None":
 
 def pending() -> bool:
     """Whether a replay would be blamed for a device error met now."""
-    return _pending is not None
+    return _replays[0] is not None
 
 
 def healthy() -> None:
     """The recorder synchronised and saw no device error: no replay before is a suspect."""
-    global _pending
-    _pending = None
+    _replays[0] = None
 
 
 def watch_graph_outputs(graph: Any, outputs: Any) -> None:
@@ -291,14 +290,13 @@ _installed: dict = {}  # class -> its Instrumentation
 def record_graph_class(graph_class: type) -> "Instrumentation | None":
     """Records the captures and replays of `graph_class` (torch.cuda.CUDAGraph,
     or a stand-in with the same methods) from now on, at the level in force."""
-    from .decorator import wrap_hooked
-
     handle = _installed.get(graph_class)
     if handle is not None and handle.active:
         return handle
     handle = Instrumentation(f"{graph_class.__name__} captures and replays")
     for name, recorded in (("capture_begin", _begin), ("capture_end", _end),
-                           ("replay", lambda method: wrap_hooked(method, REPLAY_NAME, _before, _after))):
+                           ("replay", lambda method: decorator.wrap_hooked(method, REPLAY_NAME, _before, _after,
+                                                                        replay=(_ATTRIBUTE, _context, _replays)))):
         method = getattr(graph_class, name)
         if not getattr(method, _RECORDED, False):  # one a base class has recorded already: recorded once
             wrapper = recorded(method)
@@ -311,8 +309,7 @@ def record_graph_class(graph_class: type) -> "Instrumentation | None":
 def follow_config(cfg: "_config.KernelTraceConfig") -> None:
     """torch's CUDAGraph recorded while the level is above 0 (again at a new
     level); nothing wrapped at level 0."""
-    global _check_outputs
-    _check_outputs = cfg.level >= 5 and cfg.graph_output_check
+    _replays[1] = cfg.level >= 5 and cfg.graph_output_check
     for handle in list(_installed.values()):
         handle.undo()
     installed = list(_installed)
@@ -324,4 +321,6 @@ def follow_config(cfg: "_config.KernelTraceConfig") -> None:
                 record_graph_class(cls)
 
 
+decorator.watch_graphs(sys.modules[__name__])
 _config.on_change(follow_config)
+follow_config(_config.get_config())

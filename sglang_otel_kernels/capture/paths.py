@@ -31,15 +31,15 @@ def parse_path(path: str) -> tuple[str, list[str]]:
 def _recorded(value: Any, op_name: str | None) -> Any:
     """The recorded version of a function, keeping a staticmethod or
     classmethod wrapper around it."""
-    from .decorator import debug_kernel_api
+    from .recording import decorator
     from .naming import infer_api_name
 
     if isinstance(value, (staticmethod, classmethod)):
         inner = value.__func__
-        return type(value)(debug_kernel_api(inner, op_name=op_name or infer_api_name(inner)))
+        return type(value)(decorator.debug_kernel_api(inner, op_name=op_name or infer_api_name(inner)))
     if isinstance(value, type) or not callable(value):
         raise ValueError(f"{value!r} is not a function or method (name one, e.g. 'module:Class.method')")
-    return debug_kernel_api(value, op_name=op_name or infer_api_name(value))
+    return decorator.debug_kernel_api(value, op_name=op_name or infer_api_name(value))
 
 
 def _apply(module: Any, parts: list[str], op_name: str | None, handle: Instrumentation, path: str) -> None:

@@ -94,7 +94,7 @@ def _no_logger_file() -> Callable[[], None]:
 
 
 def _patch_logging(handle: Instrumentation, module: Any) -> None:
-    from ..capture import decorator
+    from ..capture.recording import decorator
 
     originals = {name: getattr(module, name, None) for name in NAMES}
     for name in NAMES:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import functools
-import importlib
 import os
 import socket
 import subprocess
@@ -38,6 +37,7 @@ _watching = False
 _recorders: "weakref.WeakSet" = weakref.WeakSet()
 _sidecars: set = set()  # the trace files a sidecar of this process follows
 _faulthandler_file = None
+_writer_settings: "tuple | None" = None  # those of the current writer (follow_trace_file)
 
 
 def default_resource() -> Resource:
@@ -144,8 +144,7 @@ def watch_global_provider() -> None:
             _handed_over()
         if _config.get_config().level > 0:
             try:
-                # The writer lives with the decorator's runtime: loaded now, not at the first kernel.
-                importlib.import_module("..capture.decorator", __package__)
+                follow_trace_file(_config.get_config())  # the file now, not at the first kernel
                 attach_trace_file(trace.get_tracer_provider())
             except Exception as exc:
                 warn(f"trace file not attached to the new TracerProvider ({type(exc).__name__}: {exc})")
@@ -223,6 +222,18 @@ def attach_trace_file(provider) -> None:
     # kernel call) started before the file was attached: recorded now, so a
     # crash in the kernel still names it.
     recorder.adopt(trace.get_current_span())
+
+
+def follow_trace_file(cfg: "_config.KernelTraceConfig") -> None:
+    """The trace-file writer the settings call for becomes the current one.
+    The same trace-file settings keep the same writer: a new one would start
+    the file afresh and lose what it holds."""
+    global _writer_settings
+    settings = (cfg.level > 0, cfg.spans, cfg.blackbox, cfg.trace_file, cfg.trace_file_size, cfg.trace_file_fsync,
+                cfg.faulthandler)
+    if settings != _writer_settings:
+        _writer_settings = settings
+        processor.set_writer(make_writer(cfg))
 
 
 def make_writer(cfg: "_config.KernelTraceConfig") -> "tracefile.TraceFileWriter | None":
