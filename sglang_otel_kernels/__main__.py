@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 
@@ -247,6 +248,11 @@ def _follow(options) -> int:
 
     if options.interval <= 0 or options.timeout <= 0:
         raise _Failure("--interval and --timeout must be more than 0")
+    # A follower makes a few dicts and tuples per record, none in a cycle: what
+    # is loaded now is never collected, and collections come 30 times less
+    # often than by default (they took a third of its time).
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 50)
     if not 0 <= options.hang_seconds < float("inf"):
         raise _Failure("--hang-seconds must be 0 or more")
     try:

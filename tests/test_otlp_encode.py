@@ -100,3 +100,17 @@ def test_spans_an_sdk_provider_made_encode_as_the_sdk_encodes_them():
             batch.set_status(Status(StatusCode.ERROR, "IndexError"))
     finished = exported.get_finished_spans()
     assert ExportTraceServiceRequest.FromString(encode_request(finished)) == encode_spans(finished)
+
+
+def test_values_that_compare_equal_keep_their_own_encoding():
+    """The encoder keeps repeated attributes' encodings: never one value's
+    for another that compares equal to it (1, True and 1.0; -0.0 and 0.0;
+    shapes of ints and of floats)."""
+    span = spans()[0]
+    values = [1, True, 1.0, (1, 2), (True, 2), (1.0, 2.0), ("1", 2), 0.0, -0.0, (0.0,), (-0.0,), 1, (1, 2)]
+    batch = [ReadableSpan(name="kernel", context=span.context, resource=span.resource, attributes={"value": value},
+                          start_time=1, end_time=2, instrumentation_scope=span.instrumentation_scope)
+             for value in values]
+    for _ in range(2):  # the second time from the kept encodings; as bytes, since -0.0 == 0.0
+        ours = ExportTraceServiceRequest.FromString(encode_request(batch))
+        assert ours.SerializeToString(deterministic=True) == encode_spans(batch).SerializeToString(deterministic=True)

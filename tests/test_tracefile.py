@@ -59,6 +59,25 @@ def test_round_trip_agrees_with_the_exporter(traced, provider, tmp_path):
     assert spans[1].scope_name == "sglang_otel_kernels"
 
 
+def test_kernels_called_alike_keep_their_own_names_and_arguments(traced, tmp_path):
+    """The reader keeps the reading of an attribute payload that repeats: two
+    kernels called with the same arguments still read back as themselves,
+    and a call with other arguments as its own."""
+    traced()
+    first = sok.debug_kernel_api(op_name="sglang.custom_op.first")(lambda x, eps=1e-6: x)
+    second = sok.debug_kernel_api(op_name="sglang.custom_op.second")(lambda x, eps=1e-6: x)
+    x = torch.ones(4, 8)
+    for _ in range(3):
+        first(x, eps=1e-5)
+        second(x, eps=1e-5)
+    second(torch.ones(2, 8, dtype=torch.float16), eps=1e-5)
+    spans = sok.read_trace_file(str(trace_path(tmp_path))).spans
+    assert [s.name.rsplit(".", 1)[1] for s in spans] == ["first", "second"] * 3 + ["second"]
+    assert [s.attributes[K + "input.arg0.shape"] for s in spans] == [(4, 8)] * 6 + [(2, 8)]
+    assert [s.attributes[K + "input.arg0.dtype"] for s in spans][-2:] == ["torch.float32", "torch.float16"]
+    assert [s.attributes[K + "seq"] for s in spans] == sorted({s.attributes[K + "seq"] for s in spans})
+
+
 def test_file_and_traceback_are_private(tmp_path):
     script = (
         "import os, sglang_otel_kernels as sok\n"

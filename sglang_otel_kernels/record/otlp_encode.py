@@ -80,24 +80,34 @@ def _any_value(value) -> bytes:
 
 
 # The encoded KeyValue of an attribute that repeats, by (tag, key, type,
-# value): the type too, since 1 == 1.0 == True. Bounded; values that are
-# not text or numbers (shapes, lists) are encoded each time.
+# value): the type too, since 1 == True; for a flat tuple (a shape, a
+# stride, dtypes) its items' types. Other values (floats, where -0.0 == 0.0;
+# lists, nested tuples) are encoded each time. Emptied when full, so that
+# values that never repeat (call numbers) cannot keep out those that do.
 _encoded: dict = {}
 _ENCODED_LIMIT = 16384
-_CACHED_TYPES = (str, int, float, bool)
+_CACHED_TYPES = (str, int, bool)
+_SCALARS = frozenset(_CACHED_TYPES)
 
 
 def _key_values(tag: bytes, attributes) -> bytes:
     parts = []
     for key, value in attributes.items():
         kind = type(value)
+        entry = None
         if kind in _CACHED_TYPES:
             entry = (tag, key, kind, value)
+        elif kind is tuple:
+            types = tuple(map(type, value))
+            if _SCALARS.issuperset(types):
+                entry = (tag, key, types, value)
+        if entry is not None:
             encoded = _encoded.get(entry)
             if encoded is None:
                 encoded = _field(tag, _field(_KEY, _text(key)) + _field(_VALUE, _any_value(value)))
-                if len(_encoded) < _ENCODED_LIMIT:
-                    _encoded[entry] = encoded
+                if len(_encoded) >= _ENCODED_LIMIT:
+                    _encoded.clear()
+                _encoded[entry] = encoded
         else:
             encoded = _field(tag, _field(_KEY, _text(key)) + _field(_VALUE, _any_value(value)))
         parts.append(encoded)

@@ -759,20 +759,50 @@ def _kernel_span(data, view: memoryview, offset: int, length: int, _unpack=fmt.K
     if flags & fmt.FLAG_BLACKBOX:
         attributes[BLACKBOX] = True
     if length > _size:
-        data = _unmarshal(view[offset + _size : offset + length])
-        if flags & fmt.FLAG_INLINE_NAME:
-            name, data = _inline_name(data)
-        if type(data) is dict and fmt.PACKED_COLLECTIVE in data:
-            collective = _collective(data.pop(fmt.PACKED_COLLECTIVE))
-            if collective is None:
-                return None
-            attributes.update(collective)
-        extra = _attributes(data) if data else {}
-        if extra is None:
+        payload = bytes(view[offset + _size : offset + length])
+        inline = flags & fmt.FLAG_INLINE_NAME
+        # A site's calls mostly carry the same attributes (its shapes, its
+        # batch): their payload's reading is kept, never changed once made.
+        known = _extras.get((inline, payload)) if len(payload) <= _EXTRA_CACHED else None
+        if known is None:
+            known = _extra(payload, inline)
+            if len(payload) <= _EXTRA_CACHED:
+                if len(_extras) >= _EXTRAS_LIMIT:
+                    _extras.clear()
+                _extras[(inline, payload)] = known
+        if known is False:
             return None
-        attributes.update(extra)
+        if inline:
+            name = known[0]
+        attributes.update(known[1])
     return (_SPAN_START, (high << 64) | low, span_id, parent_id, name, kind, start, thread, _KERNEL_SCOPE, attributes,
             (), flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED))
+
+
+# The readings of kernel spans' attribute payloads, by (inline-name flag,
+# payload): bounded, emptied when full.
+_extras: dict = {}
+_EXTRAS_LIMIT, _EXTRA_CACHED = 4096, 4096
+
+
+def _extra(payload: bytes, inline: int):
+    """(the name written inline or None, attributes) of a kernel span's
+    marshalled payload, the collective's first; False when malformed."""
+    data = _unmarshal(payload)
+    name = None
+    if inline:
+        name, data = _inline_name(data)
+    attributes = {}
+    if type(data) is dict and fmt.PACKED_COLLECTIVE in data:
+        collective = _collective(data.pop(fmt.PACKED_COLLECTIVE))
+        if collective is None:
+            return False
+        attributes.update(collective)
+    extra = _attributes(data) if data else {}
+    if extra is None:
+        return False
+    attributes.update(extra)
+    return name, attributes
 
 
 _TEXTS, _NUMBERS = {str}, {int}
