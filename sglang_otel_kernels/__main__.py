@@ -44,24 +44,55 @@ def _export(options) -> int:
     return 0
 
 
-def _files(paths: list[str]) -> list[tuple[str, bool]]:
+_DUMP_PATTERNS = ("cuda_coredump_*", "*.nvcudmp")  # CUDA core dumps as record/coredumps.py and SGLang name them
+
+
+def _files(paths: list[str], dumps: "list[tuple[str, bool]] | None" = None) -> list[tuple[str, bool]]:
     """(file, whether it was named) for each path: a directory stands for
     every `*.sgltrace`, `*.json` and `*.jsonl` in it (earlier runs' files
-    kept aside and the Collector's rotated archives included)."""
+    kept aside and the Collector's rotated archives included). With `dumps`,
+    the CUDA core dumps named or in a directory go there instead."""
+    import fnmatch
     import glob
     import os
+
+    from .recover.cuda_coredump import is_cuda_coredump
 
     files = []
     for path in paths:
         if not os.path.isdir(path):
-            files.append((path, True))
+            named_dump = any(fnmatch.fnmatch(os.path.basename(path), p) for p in _DUMP_PATTERNS)
+            if dumps is not None and (named_dump or is_cuda_coredump(path)):
+                dumps.append((path, True))
+            else:
+                files.append((path, True))
             continue
         found = sorted(name for pattern in ("*.sgltrace", "*.json", "*.jsonl")
                        for name in glob.glob(os.path.join(glob.escape(path), pattern)))
-        if not found:
+        in_dir = sorted({name for pattern in _DUMP_PATTERNS for name in glob.glob(os.path.join(glob.escape(path),
+                                                                                                pattern))})
+        if not found and not (dumps is not None and in_dir):
             raise _Failure(f"{path}: a directory without trace files (*.sgltrace) or OTLP JSON files")
         files.extend((name, False) for name in found)
+        if dumps is not None:
+            dumps.extend((name, False) for name in in_dir)
     return files
+
+
+def _read_dumps(dumps: list[tuple[str, bool]]) -> list:
+    """The CUDA core dumps read: one named that cannot be read is an error
+    (one line, exit 2), one of a directory is skipped with a line on stderr."""
+    from .recover.cuda_coredump import CoreDumpError, read_cuda_coredump
+
+    read = []
+    for path, named in dumps:
+        try:
+            read.append(read_cuda_coredump(path))
+        except CoreDumpError as exc:
+            if named:
+                raise _Failure(str(exc)) from None
+            print(f"sglang-otel-kernels: skipped {exc}", file=sys.stderr)
+    return read
 
 
 def _kept(results: list, files: list[tuple[str, bool]]) -> list:
@@ -115,10 +146,13 @@ def _report(options) -> int:
     # cycle among them: collections would only walk them again and again.
     gc.disable()
     digests = []
+    dumps: list = []
     if options.paths:
-        files = _files(options.paths)
-        digests = merge_processes(_kept(read_digests(_load, [path for path, _ in files], options.last), files),
-                                  options.last)
+        files = _files(options.paths, dumps)
+        dumps = _read_dumps(dumps)
+        if files or not dumps:
+            digests = merge_processes(_kept(read_digests(_load, [path for path, _ in files], options.last), files),
+                                      options.last)
     if options.jaeger:
         from .recover.jaeger_source import parse_duration, read_jaeger
         from .recover.reader import TraceFileError
@@ -132,9 +166,13 @@ def _report(options) -> int:
     # An archive holds other services' spans too (Jaeger's own, where it traces itself): not a process of ours.
     ours = [item for item in digests
             if item.summary or item.contents.metadata.get("format") not in ("OTLP JSON", "Jaeger")]
-    if not ours:
+    if not ours and not dumps:
         raise _Failure(f"no kernel calls in {len(digests)} process(es) of the OTLP JSON files or Jaeger traces given")
     report = build_report(ours, last=options.last, hang_seconds=options.hang_seconds)
+    if dumps:
+        from .recover.device_faults import join
+
+        report["device_faults"] = join(dumps, [item.contents for item in ours])
     report["skipped_processes"] = len(digests) - len(ours)
     contents = [item.contents for item in ours]
     if options.html:
@@ -151,7 +189,8 @@ def _report(options) -> int:
     else:
         sys.stdout.write(render_text(report))
     suspects = any(verdict["suspects"] for verdict in report["cross_rank_jobs"])
-    if report["crashed"] or report["failed"] or suspects:
+    faulted = any(fault["exception"] for fault in report["device_faults"])
+    if report["crashed"] or report["failed"] or suspects or faulted:
         return 1
     return 3 if report["first_nonfinite_output"] else 0
 
@@ -230,6 +269,13 @@ def _run(options) -> int:
     if level == "0":
         print("sglang-otel-kernels: the level is 0 (SGLANG_KERNEL_API_LOGLEVEL unset or 0), so nothing is recorded; "
               "set it, or run with --level 1 (3, 5 or 10)", file=sys.stderr)
+    if options.cuda_coredump:
+        from .config import config_from_env
+        from .record.coredumps import prepare
+
+        env["SGLANG_KERNEL_API_CUDA_COREDUMP"] = "1"
+        # Set before the command starts, so that CUDA reads them however early it initialises.
+        env.update(prepare(env, config_from_env(env).trace_file))
     if options.instrument:
         env["SGLANG_KERNEL_API_INSTRUMENT"] = ",".join(
             [p for p in env.get("SGLANG_KERNEL_API_INSTRUMENT", "").split(",") if p.strip()] + options.instrument)
@@ -395,14 +441,17 @@ def build_parser() -> argparse.ArgumentParser:
         commands, "report", "what the trace files say about a crash: calls in flight, their inputs and requests",
         "Prints what trace files (or OTLP JSON archives, or the spans Jaeger holds: --jaeger) say about\n"
         "how their processes ended: the kernel calls in flight at a crash with their inputs and requests,\n"
-        "failed calls, the first NaN/Inf producer, the last calls, and a verdict over the ranks of a job.",
+        "failed calls, the first NaN/Inf producer, the last calls, and a verdict over the ranks of a job;\n"
+        "with CUDA core dumps (named, or cuda_coredump_* / *.nvcudmp in a directory), the device fault\n"
+        "each records, placed in the call or CUDA graph replay its process was running.",
         "0 nothing found: no call in flight when a process died, none failed, no suspect rank, no\n"
         "NaN/Inf producer (calls running in a live process are no crash); 1 calls in flight when a\n"
-        "process died, failed calls, or a suspect rank (a hang, a mismatch); 2 bad usage, or an input\n"
-        "that cannot be read (one line on stderr); 3 a call made NaN/Inf from finite inputs (level 5),\n"
-        "nothing worse: a gate can tell numerics from crashes.")
+        "process died, failed calls, a suspect rank (a hang, a mismatch), or a device fault; 2 bad usage,\n"
+        "or an input that cannot be read (one line on stderr); 3 a call made NaN/Inf from finite inputs\n"
+        "(level 5), nothing worse: a gate can tell numerics from crashes.")
     report.add_argument("paths", nargs="*", metavar="PATH",
-                        help="trace files (one per rank merge by time), OTLP JSON files, or directories of them")
+                        help="trace files (one per rank merge by time), OTLP JSON files, CUDA core dumps, or "
+                             "directories of them")
     report.add_argument("--last", type=int, default=10, metavar="N", help="completed calls to list (default 10)")
     report.add_argument("--hang-seconds", type=float, default=_default_hang_seconds(), metavar="S",
                         help="in a live job, a collective waited on this long is a hang (default: "
@@ -526,6 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="set SGLANG_KERNEL_API_LOGLEVEL for the command (default: as set in the environment)")
     run.add_argument("--instrument", action="append", metavar="MODULE:QUALNAME", default=[],
                      help="also record this function or method (repeatable; added to SGLANG_KERNEL_API_INSTRUMENT)")
+    run.add_argument("--cuda-coredump", action="store_true",
+                     help="the CUDA driver writes a core dump on a device exception, beside the trace files "
+                          "(CUDA_ENABLE_COREDUMP_ON_EXCEPTION and the lightweight set; CUDA_* already set are kept)")
     run.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     run.set_defaults(handler=_run)
     return parser

@@ -80,6 +80,11 @@ class KernelTraceConfig:
         that recorded calls and then none for this long gets its Python
         stack into the trace file; the report calls a collective waited on
         longer than this a hang; 0 turns the early export and the stacks off.
+    cuda_coredump: the CUDA driver writes a core dump on a device exception
+        (an illegal address, a device-side assert), beside the trace files,
+        which `report` reads and joins to the call that was running; set
+        before CUDA initialises, never over a CUDA_* variable already set
+        (record/coredumps.py).
     """
 
     level: int = 0
@@ -101,6 +106,7 @@ class KernelTraceConfig:
     collectives: bool = True
     graph_output_check: bool = False
     hang_seconds: float = DEFAULT_HANG_SECONDS
+    cuda_coredump: bool = False
 
 
 def parse_level(raw: str) -> int:
@@ -240,6 +246,7 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         collectives=_from_env(environ, "SGLANG_KERNEL_API_COLLECTIVES", parse_flag, True),
         graph_output_check=_from_env(environ, "SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK", parse_flag, False),
         hang_seconds=_from_env(environ, "SGLANG_KERNEL_API_HANG_SECONDS", parse_seconds, DEFAULT_HANG_SECONDS),
+        cuda_coredump=_from_env(environ, "SGLANG_KERNEL_API_CUDA_COREDUMP", parse_flag, False),
     )
 
 
@@ -286,6 +293,7 @@ def configure(
     collectives: bool | None = None,
     graph_output_check: bool | None = None,
     hang_seconds: float | None = None,
+    cuda_coredump: bool | None = None,
 ) -> KernelTraceConfig:
     """Change the settings in code; arguments left out keep their value
     (`tracer_provider=None` goes back to the global provider).
@@ -357,6 +365,8 @@ def configure(
             changes["hang_seconds"] = parse_seconds(str(hang_seconds))
         except ValueError as exc:
             raise ValueError(f"hang_seconds {exc}; got {hang_seconds!r}") from None
+    if cuda_coredump is not None:
+        changes["cuda_coredump"] = bool(cuda_coredump)
     _config = dataclasses.replace(_config, **changes)
     # The decorator's runtime and its hooks follow the settings (and set
     # tracing up at once); loaded on first use because they need torch,

@@ -23,6 +23,7 @@ from ..record.export_errors import export_batch
 from .otlp_json import resource_attributes
 from ..record import tracefile as fmt
 from ..schema import HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME
+from .device_faults import mark_in_flight
 from .ledger import Ledger
 from .metrics import KernelMetrics
 from .ranks import rank_of_metadata
@@ -284,6 +285,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 left = assembler.in_flight()
                 if not assembler.exited:  # how it died, on each call it left in flight: a hang killed is no crash
                     last_alive = death(path, last_alive, left)[0] or last_alive
+                    mark_in_flight(left, path, metadata)  # a CUDA core dump's fault, where one was written
                 for span in left:
                     queue(span, last_alive, always=True)
                     in_flight += 1

@@ -19,7 +19,7 @@ from typing import Any
 from ..schema import COLLECTIVE_OP
 from .ranks import ending_text
 from .reader import RecoveredSpan, TraceFileContents
-from .report import build_report, call_lines, call_summary, is_kernel, produced_nonfinite, render_text
+from .report import build_report, call_lines, call_summary, fault_lines, is_kernel, produced_nonfinite, render_text
 
 MAX_CALLS_PER_TRACK = 200  # the newest calls of each thread: what happened just before the end
 
@@ -199,6 +199,9 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
             f'replay returned; its kernels may still have been running on the GPU:\n'
             f'{html.escape(chr(10).join(call_lines(call)))}</div>'
             for call in report.get("graph_replay_at_death") or () if call["file"] == content.path)
+        crashed += "".join(
+            f'<div class="in-flight-call device-fault">{html.escape(chr(10).join(fault_lines(fault)))}</div>'
+            for fault in report.get("device_faults") or () if (fault["call"] or {}).get("file") == content.path)
         sections.append(f"<h2>{html.escape(title)}</h2>{rows}{crashed}")
     data = json.dumps(calls).replace("<", "\\u003c")  # no tag of any kind inside the script element
     return f"""<!DOCTYPE html>

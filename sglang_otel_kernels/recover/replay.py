@@ -23,6 +23,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from ..record import export
 from ..record.export_errors import export_batch, quiet_exporter_logs
 from ..schema import COPY_OF
+from .device_faults import mark_in_flight
 from .ledger import read_delivered
 from .otlp_json import exported_attributes, resource_attributes
 from .reader import RecoveredSpan, TraceFileContents
@@ -137,6 +138,8 @@ def replay(
                 notes.append(note)
             before = found or before
         spans = content.spans
+        if not content.live and not content.exited:
+            mark_in_flight(spans, content.path, content.metadata)  # a CUDA core dump's fault, where one was written
         delivered_before += sum(span.span_id in before for span in spans) if before else 0
         spans, added = with_copies(spans, frozenset() if everything else before)
         copies += added

@@ -167,7 +167,7 @@ GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON an
 
 # The version of `report --json`'s document (docs/report-json.md): raised
 # with each change a reader of the JSON must know of, with the package's.
-REPORT_SCHEMA = 1
+REPORT_SCHEMA = 2
 
 
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
@@ -207,7 +207,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     in_flight = [dict(call_summary(s, by_id, f, now), in_flight_in_dead_process=not f.live)
                  for s, f in sorted(in_flight_spans, key=by_start)]
     at_death = [dict(call_summary(s, by_id, c, now), seconds_before_death=round((c.last_alive - s.end_time) / 1e9, 1))
-                for c in contents if (s := _replay_at_death(c)) is not None]
+                for c in contents if (s := replay_at_death(c)) is not None]
     failed = [call_summary(s, by_id, f, now) for s, f in sorted(failed_spans, key=by_start)]
     tracebacks = {}
     for content in contents:
@@ -240,10 +240,11 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
             {"name": s.name, **process_of(f), "start": timestamp(s.start_time), "trace_id": f"{s.trace_id:032x}"}
             for s, f in sorted(other_in_flight, key=by_start)
         ],
+        "device_faults": [],  # from CUDA core dumps given beside the files (recover/device_faults.py)
     }
 
 
-def _replay_at_death(contents: TraceFileContents) -> RecoveredSpan | None:
+def replay_at_death(contents: TraceFileContents) -> RecoveredSpan | None:
     """A dead process's newest CUDA graph replay, ended on the CPU: a graph's
     kernels run on the GPU after `replay()` returns, so a process killed in a
     hang, or by a device error, while they ran has no replay in flight."""
@@ -312,6 +313,37 @@ def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
     return lines
 
 
+def fault_lines(fault: dict[str, Any]) -> list[str]:
+    """A CUDA core dump's fault, and the call or replay it is placed in."""
+    where = os.path.basename(fault["dump"])
+    if fault["exception"] is None:
+        return [f"Device fault: CUDA core dump {where}: no faulting lane recorded"] + \
+            [f"  warning: {note}" for note in fault["notes"]]
+    device = f"device {fault['device']}" + (f" ({fault['device_name']})" if fault["device_name"] else "")
+    place = ", ".join(f"{label} {fault[key]}" for label, key in (("SM", "sm"), ("warp", "warp"), ("lane", "lane"))
+                      if fault[key] is not None)
+    lines = [f"Device fault (CUDA core dump {where}): {fault['exception']} in "
+             + (f"kernel {fault['kernel']}" if fault["kernel"] else "a kernel the dump does not name")
+             + f" on {device}" + (f", {place}" if place else "")]
+    launch = [f"{label} {tuple(fault[key])}" for label, key in (("grid", "grid"), ("block", "block"),
+              ("block index", "block_index"), ("thread", "thread_index")) if fault[key] is not None]
+    launch += [f"{label} {fault[key]}" for label, key in (("error PC", "error_pc"), ("PC", "pc")) if fault[key]]
+    if launch:
+        lines.append("  " + ", ".join(launch))
+    lines.extend(f"  warning: {note}" for note in fault["notes"])
+    call = fault["call"]
+    if call is None:
+        lines.append(f"  not placed: {fault['placed']}")
+        return lines
+    lines.append(f"  {fault['placed']}:")
+    lines.extend(call_lines(call, indent="    "))
+    marked = [f"{number}. {kernel['name']}" for number, kernel in enumerate((call.get("graph") or {}).get("calls", ()), 1)
+              if kernel.get("matches_kernel")]
+    if marked:
+        lines.append(f"    captured calls whose name matches the kernel: {', '.join(marked)}")
+    return lines
+
+
 def render_text(report: dict[str, Any]) -> str:
     out: list[str] = []
     for verdict in report.get("cross_rank_jobs") or ():  # the sentence that says it comes first
@@ -345,6 +377,8 @@ def render_text(report: dict[str, Any]) -> str:
         out.append(f"  the process died {call['seconds_before_death']} s after this CUDA graph replay returned (a "
                    "replay only launches the graph: its kernels run on the GPU after it returns):")
         out.extend(call_lines(call, indent="    "))
+    for fault in report.get("device_faults") or ():
+        out.extend(fault_lines(fault))
     by_process: dict[str, dict[str, list]] = {}
     for span in report["in_flight_other_spans"]:  # the spans around the calls, per process, by name
         by_process.setdefault(process_text(span), {}).setdefault(span["name"], []).append(span["trace_id"])
