@@ -75,6 +75,12 @@ class KernelTraceConfig:
         outputs are known (`watch_graph_outputs`, SGLang's runners), one
         reduction over them flags the replay's span has_nan / has_inf (a
         synchronisation per replay).
+    graph_nan_check: at level 5, each decorated call captured into a CUDA
+        graph gets a captured reduction that writes whether its floating
+        outputs hold NaN/Inf into its slot of a device buffer; after each
+        replay the buffer is copied without blocking and read after the next
+        replay (or at the next statistics transfer), and the first captured
+        call of the replay that made NaN/Inf is named on the replay's span.
     hang_seconds: a kernel call in flight longer than this is exported by
         the sidecar while the process still runs, marked hung; a thread
         that recorded calls and then none for this long gets its Python
@@ -105,6 +111,7 @@ class KernelTraceConfig:
     export_sidecar: "bool | str" = True
     collectives: bool = True
     graph_output_check: bool = False
+    graph_nan_check: bool = False
     hang_seconds: float = DEFAULT_HANG_SECONDS
     cuda_coredump: bool = False
 
@@ -245,6 +252,7 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         export_sidecar=_from_env(environ, "SGLANG_KERNEL_API_EXPORT_SIDECAR", parse_sidecar, True),
         collectives=_from_env(environ, "SGLANG_KERNEL_API_COLLECTIVES", parse_flag, True),
         graph_output_check=_from_env(environ, "SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK", parse_flag, False),
+        graph_nan_check=_from_env(environ, "SGLANG_KERNEL_API_GRAPH_NAN_CHECK", parse_flag, False),
         hang_seconds=_from_env(environ, "SGLANG_KERNEL_API_HANG_SECONDS", parse_seconds, DEFAULT_HANG_SECONDS),
         cuda_coredump=_from_env(environ, "SGLANG_KERNEL_API_CUDA_COREDUMP", parse_flag, False),
     )
@@ -292,6 +300,7 @@ def configure(
     export_sidecar: "bool | str | None" = None,
     collectives: bool | None = None,
     graph_output_check: bool | None = None,
+    graph_nan_check: bool | None = None,
     hang_seconds: float | None = None,
     cuda_coredump: bool | None = None,
 ) -> KernelTraceConfig:
@@ -358,6 +367,8 @@ def configure(
         changes["collectives"] = bool(collectives)
     if graph_output_check is not None:
         changes["graph_output_check"] = bool(graph_output_check)
+    if graph_nan_check is not None:
+        changes["graph_nan_check"] = bool(graph_nan_check)
     if hang_seconds is not None:
         if isinstance(hang_seconds, bool) or not isinstance(hang_seconds, (int, float)):
             raise ValueError(f"hang_seconds must be a number of seconds; got {hang_seconds!r}")

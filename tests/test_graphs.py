@@ -288,6 +288,39 @@ def test_the_output_check_flags_a_replay_that_made_nan(tmp_path, level, check, f
         assert "sglang.kernel.has_nan" not in first.attributes and "sglang.kernel.has_nan" not in second.attributes
 
 
+NAN_CHECK = """
+graph = StandInGraph(); out = capture(graph)
+check = graph._sglang_otel_kernels_graph.nan  # None when the check is off
+def replayed(poisoned):  # what the captured reductions write on the GPU, each replay
+    if check is not None:
+        check.flags.zero_()
+        check.flags[1] = poisoned  # position 2: the first layer.mlp
+for number, poisoned in enumerate([False, True, False, True], 1):
+    graph.at, graph.then = number, lambda poisoned=poisoned: replayed(poisoned)
+    graph.replay()
+print(None if check is None else check.flags[:4].tolist())
+"""
+
+
+@pytest.mark.parametrize("level, check, named", [(5, "1", True), (5, "0", False), (3, "1", False)])
+def test_the_nan_check_names_the_first_captured_call_that_made_nan_on_its_replay(tmp_path, level, check, named):
+    """Each captured call's reduction writes its slot; a replay's flags are
+    read after the next replay (or at exit, for the last) and name its first
+    flagged call on that replay's span, not on the others."""
+    proc = run_python(_app(NAN_CHECK, level=level), tmp_path, env={"SGLANG_KERNEL_API_GRAPH_NAN_CHECK": check})
+    assert proc.returncode == 0, proc.stderr
+    # At capture, on the CPU, the reductions ran on finite outputs: three slots written, all clear.
+    assert proc.stdout.split("\n")[-2] == ("[False, True, False, False]" if named else "None")
+    replays = _replays(sok.read_trace(tmp_path / "t.sgltrace"))
+    marks = [span.attributes.get("sglang.cuda_graph.first_nonfinite") for span in replays]
+    assert marks == ([None, "2: layer.mlp", None, "2: layer.mlp"] if named else [None] * 4)
+    if named:
+        report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path / "t.sgltrace"),
+                                 "--json"], capture_output=True, text=True, timeout=120)
+        graphs = [call["graph"] for call in json.loads(report.stdout)["last_calls"] if call["graph"]]
+        assert [graph["first_nonfinite"] for graph in graphs] == marks
+
+
 def test_level_0_wraps_no_cuda_graph_and_a_failed_capture_leaves_nothing_behind(tmp_path):
     plain = run_python("import torch, sglang_otel_kernels as sok\n"
                        "import torch.cuda.graphs as graphs\n"

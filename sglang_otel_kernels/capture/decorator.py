@@ -402,6 +402,9 @@ class GraphWatch(Protocol):
     def healthy(self) -> None:
         """The recorder synchronised and saw no device error."""
 
+    def captured_output(self, marks: dict, result: Any) -> None:
+        """After a call captured into a graph returned `result` (`marks`: what `captured` added)."""
+
 
 _graphs: "GraphWatch | None" = None
 # How many CUDA graphs are being captured now (`capturing`): while any is,
@@ -412,6 +415,14 @@ _capturing = 0
 def watch_graphs(watch: GraphWatch) -> None:
     global _graphs
     _graphs = watch
+
+
+def annotate(call: "tuple | None", attributes: dict) -> None:
+    """Attributes of a recorded call learnt after it ended (a graph replay's
+    NaN flags), written into the trace file for its span."""
+    spans = _runtime.spans
+    if call is not None and spans is not None:
+        spans.add(call, attributes)
 
 
 def _graph_suspect() -> "tuple[str, dict] | None":
@@ -492,6 +503,8 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
                 except BaseException as exc:
                     site.fail((span, None, None, None), exc)
                     raise
+                if _capturing:
+                    _graphs.captured_output(extra, result)
                 if after is not None:
                     hooked = after(args, span, result)
                     if hooked is not None:  # attributes or a device error for the end
@@ -508,6 +521,8 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
             except BaseException as exc:
                 site.fail(call, exc)
                 raise
+            if _capturing:
+                _graphs.captured_output(extra, result)
             site.finish(call, result, after(args, call and call[0], result) if after else None)
             return result
         except BaseException as exc:

@@ -27,6 +27,7 @@ in tests.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import itertools
@@ -38,11 +39,13 @@ from typing import Any, Callable
 import torch
 
 from .. import config as _config
+from ..describe.statistics import is_device_error
 from ..notices import warn_failed_once
 from ..record.processor import current_writer
 from ..record.spans import CALL_SEQ, captured_calls
 from ..record.tracefile import FLAG_GRAPH_REPLAY, MAX_GRAPH_CALLS, REPLAY_SHIFT, replay_fields
-from ..schema import GRAPH_ID, GRAPH_POSITION, GRAPH_REPLAY, GRAPH_SUSPECT, HAS_INF, HAS_NAN, REPLAY_NAME
+from ..schema import (GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_POSITION, GRAPH_REPLAY, GRAPH_SUSPECT, HAS_INF, HAS_NAN,
+                      REPLAY_NAME)
 from . import decorator
 from .collectives import MAX_TENSORS, tensor_fields
 from .patches import Instrumentation, Patch
@@ -59,27 +62,77 @@ class Capture:
     graph_id: int
     calls: list = dataclasses.field(default_factory=list)  # (name, input shapes, input dtypes)
     left_out: int = 0  # calls past MAX_GRAPH_CALLS
+    flags: "torch.Tensor | None" = None  # the NaN check's device buffer, a slot per captured call
+    nan_failed: bool = False  # a captured reduction could not be made: no NaN check for this graph
+
+
+class NanCheck:
+    """A graph's NaN flags (SGLANG_KERNEL_API_GRAPH_NAN_CHECK): the device
+    buffer its captured reductions write on each replay, copied after it
+    without blocking into one of two host buffers, and read after the next
+    replay was launched (its own kernels run meanwhile) or at the next
+    statistics transfer, whichever comes first. The first set slot names
+    the captured call on the replay's span, as a record after its end."""
+
+    __slots__ = ("flags", "names", "hosts", "events", "pending", "__weakref__")
+
+    def __init__(self, flags: "torch.Tensor", names: list) -> None:
+        self.flags = flags
+        self.names = names  # by position - 1
+        pinned = flags.is_cuda
+        self.hosts = [torch.zeros(flags.shape, dtype=flags.dtype, pin_memory=pinned) for _ in range(2)]
+        self.events: list = [None, None]
+        self.pending: "tuple[int, tuple] | None" = None  # (host buffer, the replay's call)
+
+    def replayed(self, call: tuple) -> None:
+        self.read()
+        index = 0 if self.pending is None else 1 - self.pending[0]
+        self.hosts[index].copy_(self.flags, non_blocking=True)
+        if self.flags.is_cuda:
+            event = self.events[index] = self.events[index] or torch.cuda.Event()
+            event.record()
+        self.pending = (index, call)
+        _unread.add(self)
+
+    def read(self) -> None:
+        if self.pending is None:
+            return
+        index, call = self.pending
+        self.pending = None
+        _unread.discard(self)
+        if self.events[index] is not None:
+            self.events[index].synchronize()  # the replay before this one: done, or about to be
+        set_slots = self.hosts[index].nonzero()
+        if set_slots.numel():
+            position = int(set_slots[0, 0]) + 1
+            name = self.names[position - 1] if position <= len(self.names) else "?"
+            decorator.annotate(call, {GRAPH_FIRST_NONFINITE: f"{position}: {name}"})
+
+
+_unread: "weakref.WeakSet[NanCheck]" = weakref.WeakSet()  # graphs whose newest replay's flags are not read yet
 
 
 class Graph:
     """A graph recorded here: the call number of its next replay
     (`next_replay()`: its id and the replay's number packed), the outputs to check."""
 
-    __slots__ = ("next_replay", "outputs")
+    __slots__ = ("next_replay", "outputs", "nan")
 
     def __init__(self, graph_id: int) -> None:
         self.next_replay = itertools.count((graph_id << REPLAY_SHIFT) + 1).__next__
         self.outputs: tuple = ()
+        self.nan: "NanCheck | None" = None
 
 
 _ids = itertools.count(1)
 _local = threading.local()  # .captures: this thread's graphs being captured, innermost last
 _fallback: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graphs without a __dict__
 # [the newest replay since the device was last seen healthy (its call number:
-# graph id and replay number packed) or None, whether the output check is on
-# (level 5 and SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK)]: a list, which the
-# compiled core's replays update too.
+# graph id and replay number packed) or None, whether a replay's after-hook
+# has work beyond that (the output or the NaN check)]: a list, which the
+# compiled core's replays update too, and leave to the hooks when [1].
 _replays: list = [None, False]
+_checks = {"outputs": False, "nan": False}  # level 5 and SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK, _NAN_CHECK
 
 
 class _Context(threading.local):
@@ -129,6 +182,31 @@ def captured(name: str, args: tuple, kwargs: dict, extra: "dict | None") -> "dic
     return {**extra, **marks} if extra else marks
 
 
+def captured_output(marks: dict, result: Any) -> None:
+    """With the NaN check on, after a call captured into a graph: a captured
+    reduction (no synchronisation; it runs on each replay) writes whether its
+    floating outputs hold NaN/Inf into its slot of the graph's flag buffer."""
+    captures = getattr(_local, "captures", None)
+    position = marks.get(GRAPH_POSITION)
+    if not _checks["nan"] or not captures or captures[-1].nan_failed or not position or position > MAX_GRAPH_CALLS:
+        return
+    capture = captures[-1]
+    found: list = []
+    _tensors(result, found, 0)
+    floats = [tensor for tensor in found if tensor.is_floating_point() and tensor.numel()]
+    if capture.flags is not None:
+        floats = [tensor for tensor in floats if tensor.device == capture.flags.device]
+    if not floats:
+        return
+    try:
+        if capture.flags is None:
+            capture.flags = torch.zeros(MAX_GRAPH_CALLS, dtype=torch.bool, device=floats[0].device)
+        capture.flags[position - 1] = torch.stack([(~tensor.isfinite()).any() for tensor in floats]).any()
+    except Exception as exc:
+        capture.nan_failed = True
+        warn_failed_once("capturing the NaN check of a CUDA graph's call", exc)
+
+
 def _begin(original: Callable) -> Callable:
     @functools.wraps(original)
     def capture_begin(graph, *args, **kwargs):
@@ -163,7 +241,10 @@ def _end(original: Callable) -> Callable:
                 _ended(capture)
         if capture is not None:  # captured whole: its calls are the suspects of its replays
             try:
-                _keep(graph, Graph(capture.graph_id))
+                info = Graph(capture.graph_id)
+                if capture.flags is not None and not capture.nan_failed:
+                    info.nan = NanCheck(capture.flags, [name for name, _, _ in capture.calls])
+                _keep(graph, info)
                 captured_calls[capture.graph_id] = len(capture.calls) + capture.left_out
                 writer = current_writer()
                 if writer is not None and not writer.failed:
@@ -210,14 +291,22 @@ def _before(args: tuple, kwargs: dict, _context=_context, _attribute=_ATTRIBUTE,
 
 def _after(args: tuple, call: "tuple | None", result: Any):
     """After a replay: it is the pending suspect of a device error; with the
-    output check on, one reduction over the graph's outputs flags the span."""
+    NaN check on, its flags are copied to be read later; with the output
+    check on, one reduction over the graph's outputs flags the span."""
     if call is None:
         return None
     _replays[0] = call[CALL_SEQ]
     if not _replays[1]:
         return None
     info = _graph_of(args[0] if args else None)
-    if info is None or not info.outputs:
+    if info is not None and info.nan is not None and _checks["nan"]:
+        try:
+            info.nan.replayed(call)
+        except Exception as exc:
+            if is_device_error(exc):  # reading the previous replay's flags met a device error
+                return None, exc
+            warn_failed_once("checking a CUDA graph replay's NaN flags", exc)
+    if info is None or not info.outputs or not _checks["outputs"]:
         return None
     try:
         floats = [tensor for tensor in info.outputs if tensor.is_floating_point() and tensor.numel()]
@@ -225,8 +314,11 @@ def _after(args: tuple, call: "tuple | None", result: Any):
             return None
         flags = torch.stack([tensor.isnan().any() for tensor in floats] +
                             [tensor.isinf().any() for tensor in floats]).tolist()
-    except Exception as exc:  # the synchronisation met a device error: this replay's, or an earlier call's
-        return None, exc
+    except Exception as exc:
+        if is_device_error(exc):  # the synchronisation met one: this replay's, or an earlier call's
+            return None, exc
+        warn_failed_once("checking a CUDA graph's outputs for NaN/Inf", exc)
+        return None
     healthy()
     return {HAS_NAN: any(flags[: len(floats)]), HAS_INF: any(flags[len(floats):])}, None
 
@@ -250,8 +342,20 @@ def pending() -> bool:
 
 
 def healthy() -> None:
-    """The recorder synchronised and saw no device error: no replay before is a suspect."""
+    """The recorder synchronised and saw no device error: no replay before is
+    a suspect, and the NaN flags of the replays before are ready to read."""
     _replays[0] = None
+    _read_flags()
+
+
+def _read_flags() -> None:
+    """The NaN flags of each graph's newest replay not read yet (at a
+    synchronisation, and at exit: the last replay's too)."""
+    for check in list(_unread):
+        try:
+            check.read()
+        except Exception as exc:
+            warn_failed_once("reading a CUDA graph's NaN flags", exc)
 
 
 def watch_graph_outputs(graph: Any, outputs: Any) -> None:
@@ -309,7 +413,8 @@ def record_graph_class(graph_class: type) -> "Instrumentation | None":
 def follow_config(cfg: "_config.KernelTraceConfig") -> None:
     """torch's CUDAGraph recorded while the level is above 0 (again at a new
     level); nothing wrapped at level 0."""
-    _replays[1] = cfg.level >= 5 and cfg.graph_output_check
+    _checks.update(outputs=cfg.level >= 5 and cfg.graph_output_check, nan=cfg.level >= 5 and cfg.graph_nan_check)
+    _replays[1] = _checks["outputs"] or _checks["nan"]
     for handle in list(_installed.values()):
         handle.undo()
     installed = list(_installed)
@@ -322,5 +427,6 @@ def follow_config(cfg: "_config.KernelTraceConfig") -> None:
 
 
 decorator.watch_graphs(sys.modules[__name__])
+atexit.register(_read_flags)
 _config.on_change(follow_config)
 follow_config(_config.get_config())

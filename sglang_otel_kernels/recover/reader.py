@@ -864,6 +864,9 @@ def _end(record: tuple) -> "tuple | None":
     return (fmt.END, trace_id, span_id, end_time, status, utf8(description), _events(events), _attributes(attributes))
 
 
+_MAX_LATE = 65536  # spans with attributes written after their end, kept by a reader
+
+
 class Assembler:
     """Pairs start and end records (in sequence order) into spans, one record
     at a time: the reader feeds it a whole file, `follow` a live one. Names
@@ -885,6 +888,8 @@ class Assembler:
         self.exited = False  # an EXIT record: the interpreter exited normally
         self.graphs: dict = {}  # CUDA graph id -> (its captured calls, names as in the file; calls left out)
         self.stacks: dict = {}  # thread ident -> (time, silent since, frames): its newest STACK record
+        # Attributes written after a span ended (a CUDA graph replay's NaN flags), by span id; bounded.
+        self.late: dict[int, dict] = {}
 
     def add(self, record: tuple) -> "tuple | None":
         """Takes one record; returns (start, end) when it ends a span or call."""
@@ -923,6 +928,8 @@ class Assembler:
             if start is not None:  # a span's attributes added after its start record, before its kernel ran
                 attributes = {**start[_START_ATTRIBUTES], **record[2]}
                 self.starts[record[1]] = (*start[:_START_ATTRIBUTES], attributes, *start[_START_ATTRIBUTES + 1:])
+            elif len(self.late) < _MAX_LATE:  # after its end: for the span made already
+                self.late.setdefault(record[1], {}).update(record[2])
         elif kind == fmt.FAILURE:
             self.failures[record[1]] = record
         elif kind == fmt.THREAD:
@@ -1028,6 +1035,9 @@ def _assemble(records: list[tuple]) -> "tuple[list[RecoveredSpan], int, Assemble
     for span in spans:
         if span.thread_name is None:  # its THREAD record overwritten: the newest table's name
             span.thread_name = assembler.threads.get(span.thread_id)
+        late = assembler.late.get(span.span_id)
+        if late is not None:
+            span.attributes.update(late)
     spans.sort(key=_START)
     return spans, max([assembler.last_time] + [s.end_time or s.start_time for s in spans]), assembler
 

@@ -10,8 +10,9 @@ from typing import Any
 
 from ..config import DEFAULT_HANG_SECONDS
 from ..record.tracefile import traceback_path
-from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY,
-                      GRAPH_SUSPECT, INPUT_PREFIX, NAME, NONFINITE_REQUESTS, PREFIX, REPLAY_NAME, REQUEST_ID, SEQ)
+from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE,
+                      GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, NAME, NONFINITE_REQUESTS, PREFIX, REPLAY_NAME,
+                      REQUEST_ID, SEQ)
 from .digest import Digest, add_counts, digest, produced_nonfinite
 from .ranks import cross_rank, ending_text, rank_of, state_of, timestamp
 from .ranks import render as render_verdict
@@ -159,7 +160,8 @@ def _graph_of(span: RecoveredSpan, contents: TraceFileContents) -> dict[str, Any
         listed = [{"name": text, "shapes": [], "dtypes": []} for text in attributes.get(GRAPH_CAPTURED, ())]
         left_out = 0
     return {"id": graph_id, "replay": replay, "role": role, "calls": listed, "left_out": left_out,
-            "forward_mode": attributes.get(FORWARD_MODE), "batch_size": attributes.get(BATCH_SIZE)}
+            "forward_mode": attributes.get(FORWARD_MODE), "batch_size": attributes.get(BATCH_SIZE),
+            "first_nonfinite": attributes.get(GRAPH_FIRST_NONFINITE) if role == "replayed" else None}
 
 
 GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON and the page: all)
@@ -289,6 +291,9 @@ def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
         where += f" ({', '.join(batch)})" if batch else ""
         lines.append(f"{indent}  {where}: one of these {count} captured kernels" +
                      (":" if count else " (its capture was not recorded)"))
+        if graph.get("first_nonfinite"):
+            lines.append(f"{indent}  the first captured call that made NaN/Inf in this replay (the NaN check): "
+                         f"{graph['first_nonfinite']}")
         for number, kernel in enumerate(graph["calls"][:GRAPH_LINES], 1):
             shapes = ", ".join(kernel["shapes"])
             lines.append(f"{indent}    {number}. {kernel['name']}" + (f"  {shapes}" if shapes else "") +
