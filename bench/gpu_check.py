@@ -10,7 +10,14 @@ no network: fetch the pure-Python wheels here, carry them, install them there.
 
 Sections (each isolated: one that fails never stops the others; children
 time out after 90 s; about 6 minutes in all), each printed and written to the
-JSON summary with what the documentation claims beside what was measured:
+JSON summary with what the documentation claims beside what was measured (the first two
+are the newest, and run first):
+  coredump   a device-side assert and an illegal address in a decorated call, eagerly and inside a
+             replayed CUDA graph, with `run --cuda-coredump`: the dump written, and `report` naming
+             the kernel, the exception, the lane and the call or replay it ran in
+  nan_check  a graph of 4 decorated layers whose third makes NaN in its second replay, with
+             SGLANG_KERNEL_API_GRAPH_NAN_CHECK=1: that replay's span names "3: ..."; 1000 replays
+             timed with the check on and off
   syncs      synchronisations per call at levels 1, 3, 5, 10 and during graph capture
   stats      level-5 statistics on 1 GiB float32 and bfloat16 against one aminmax; a dtype sweep
   capture    a CUDA graph captured at levels 3, 5, 10 and in the black box, text log and trace
@@ -490,6 +497,137 @@ def graphs(directory: str) -> dict:
     return result
 
 
+# -- CUDA core dumps and the NaN check inside graphs -------------------------------
+
+CHILD_FAULT = r"""
+import sys, torch, sglang_otel_kernels as sok
+kind, where = sys.argv[1], sys.argv[2]
+layer = sok.debug_kernel_api(op_name="sglang.custom_op.layer")(lambda x, w: torch.nn.functional.silu(x @ w))
+def lookup(table, index):
+    # aten._unsafe_index reads without a bounds check (an illegal address); plain indexing asserts on the device.
+    return torch.ops.aten._unsafe_index(table, [index]) if kind == "illegal" else table[index]
+gather = sok.debug_kernel_api(op_name="sglang.custom_op.gather")(lookup)
+table = torch.randn(64, 1024, device="cuda")
+index = torch.zeros(8, dtype=torch.long, device="cuda")
+w = torch.randn(1024, 1024, device="cuda")
+bad = 10**9 if kind == "illegal" else 64
+if where == "eager":
+    layer(gather(table, index), w)
+    torch.cuda.synchronize()
+    index.fill_(bad)
+    print("faulting", flush=True)
+    layer(gather(table, index), w)
+    torch.cuda.synchronize()
+else:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer(gather(table, index), w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(gather(table, index), w)
+    graph.replay()
+    torch.cuda.synchronize()
+    index.fill_(bad)
+    print("faulting", flush=True)
+    graph.replay()
+    torch.cuda.synchronize()
+"""
+
+
+def coredump(directory: str) -> dict:
+    need_cuda()
+    result: dict = {"claim": "a dump per fault, beside the trace file; report names the kernel, the exception, "
+                             "the lane, and the call (eager) or the replay with its captured calls (graph)"}
+    for kind in ("assert", "illegal"):
+        for where in ("eager", "graph"):
+            folder = os.path.join(directory, f"dump_{kind}_{where}")
+            os.makedirs(folder)
+            started = time.monotonic()
+            proc = subprocess.run(
+                [sys.executable, "-m", "sglang_otel_kernels", "run", "--cuda-coredump", "--level", "1", "--",
+                 sys.executable, "-c", CHILD_FAULT, kind, where], cwd=folder, capture_output=True, text=True,
+                timeout=CHILD_TIMEOUT_S, env=_child_env(SGLANG_KERNEL_API_LOGDEST="off",
+                                                        SGLANG_KERNEL_API_TRACEFILE=os.path.join(folder, "t_%i.sgltrace")))
+            seconds = round(time.monotonic() - started, 1)
+            report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", folder, "--json"],
+                                    capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=_child_env())
+            entry: dict = {"exit": proc.returncode, "seconds with the dump": seconds,
+                           "dumps": sorted(name for name in os.listdir(folder) if name.startswith("cuda_coredump")),
+                           "stderr tail": proc.stderr.strip()[-600:]}
+            try:
+                faults = json.loads(report.stdout)["device_faults"]
+                entry["faults"] = [{key: fault[key] for key in ("exception", "kernel", "device_name", "sm", "warp",
+                                                                "lane", "grid", "block", "placed")}
+                                   | {"call": (fault["call"] or {}).get("name"),
+                                      "graph calls": [(k["name"], k["matches_kernel"]) for k in
+                                                      ((fault["call"] or {}).get("graph") or {}).get("calls", [])]}
+                                   for fault in faults[:2]]
+            except (ValueError, KeyError) as exc:
+                entry["report"] = f"{type(exc).__name__}: {report.stderr.strip()[-400:] or report.stdout[:400]}"
+            result[f"{kind} {where}"] = entry
+    return result
+
+
+CHILD_NAN_GRAPH = r"""
+import json, statistics, time, torch, sglang_otel_kernels as sok
+scale = torch.ones(1, device="cuda")
+layers = [sok.debug_kernel_api(op_name=f"sglang.custom_op.layer{i}")(
+    (lambda x, w: torch.nn.functional.silu(x @ w) * scale) if i == 2 else (lambda x, w: torch.nn.functional.silu(x @ w)))
+    for i in range(4)]
+x, w = torch.randn(8, 1024, device="cuda"), torch.randn(1024, 1024, device="cuda") / 32
+def step():
+    y = x
+    for layer in layers:
+        y = layer(y, w)
+    return y
+stream = torch.cuda.Stream()
+stream.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(stream):
+    step()
+torch.cuda.synchronize()
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    out = step()
+graph.replay()
+scale.fill_(float("nan"))
+graph.replay()
+scale.fill_(1.0)
+graph.replay()
+torch.cuda.synchronize()
+samples = []
+for _ in range(5):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(1000):
+        graph.replay()
+    torch.cuda.synchronize()
+    samples.append((time.perf_counter() - start) * 1e3)
+print(json.dumps({"replay us": round(statistics.median(samples), 2)}), flush=True)
+"""
+
+
+def nan_check(directory: str) -> dict:
+    need_cuda()
+    from sglang_otel_kernels import read_trace_file
+
+    result: dict = {"claim": "the second replay's span names '3: sglang.custom_op.layer2'; the others none; the "
+                             "check's cost per replay (check on against off)"}
+    for check in ("0", "1"):
+        path = os.path.join(directory, f"nan_graph_{check}.sgltrace")
+        proc = child(CHILD_NAN_GRAPH, directory, SGLANG_KERNEL_API_LOGLEVEL="5", SGLANG_KERNEL_API_LOGDEST="off",
+                     SGLANG_KERNEL_API_TRACEFILE=path, SGLANG_KERNEL_API_GRAPH_NAN_CHECK=check)
+        if proc.returncode != 0:
+            result[f"check {check}"] = f"FAILED: {proc.stderr.strip()[-400:]}"
+            continue
+        replays = [s for s in read_trace_file(path).spans if s.name == "cuda_graph.replay"]
+        result[f"check {check}"] = {**json.loads(proc.stdout.strip().splitlines()[-1]),
+                                    "first three replays": [s.attributes.get("sglang.cuda_graph.first_nonfinite")
+                                                            for s in replays[:3]]}
+    return result
+
+
 # -- provenance ------------------------------------------------------------------
 
 
@@ -527,7 +665,7 @@ def provenance(directory: str) -> dict:
             "syncs clean": clean, "syncs with NaN": flagged, "named": [list(n or ()) for n in named], "copies": copies}
 
 
-SECTIONS = {"syncs": syncs, "stats": stats, "capture": capture, "assert": device_assert, "in_flight": in_flight,
+SECTIONS = {"coredump": coredump, "nan_check": nan_check, "syncs": syncs, "stats": stats, "capture": capture, "assert": device_assert, "in_flight": in_flight,
             "level10": level10, "decode": decode, "graphs": graphs, "provenance": provenance}
 
 
