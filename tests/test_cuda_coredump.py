@@ -4,6 +4,7 @@ layout, and joined by `report` to the call or graph replay a killed process
 was running. The dumps are synthetic (tests/cuda_dumps.py): no GPU here."""
 
 import json
+import os
 import random
 import shutil
 import signal
@@ -121,6 +122,13 @@ def test_what_is_not_a_readable_dump_is_refused_with_one_line(tmp_path, damage):
     done = _report(path)
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and str(path) in done.stderr, done.stderr
+
+
+def test_a_fifo_named_as_a_dump_is_refused_without_being_opened_for_reading(tmp_path):
+    path = tmp_path / "cuda_coredump_host.1.2"
+    os.mkfifo(path)
+    done = _report(path)  # a reader opening it would wait for a writer: the timeout would fail this
+    assert done.returncode == 2 and "FIFO" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_a_table_past_the_end_of_the_file_is_skipped_and_said(tmp_path):

@@ -133,7 +133,7 @@ def is_cuda_coredump(path: str) -> bool:
     """Whether `path` is a regular file that begins as a CUDA core dump does."""
     try:
         fd = files.open_regular(path)
-    except OSError:
+    except (OSError, files.NotRegularFile):  # a FIFO is not opened to be read: the trace reader says what it is
         return False
     try:
         head = os.pread(fd, _ELF_HEADER.size, 0)
