@@ -24,10 +24,12 @@ from ._version import __version__
 from .capture.patches import Instrumentation
 from .capture.paths import ENV_PATHS, instrument, instrument_from_env
 from .config import KernelTraceConfig, configure, get_config
-from .record import coredumps as _coredumps  # noqa: F401  (CUDA core dumps, when asked for, from import on)
+from .record import coredumps as _coredumps
 from .record.core import NATIVE
 from .record.processor import trace_file_path
 from .recover.reader import RecoveredSpan, TraceFileContents, TraceFileError, read_trace, read_trace_file
+
+del _coredumps  # imported for its effect: CUDA core dumps turned on from import on, when asked for
 
 if TYPE_CHECKING:
     from .capture.decorator import debug_kernel_api, debug_torch_op, wrap_method_with_debug_kernel_once

@@ -217,7 +217,7 @@ static struct {
 
 static PyObject *str_span_processors, *str_seen, *str_targets;
 static PyObject *str_state, *str_provider, *str_processors, *str_symbols, *str_write_record, *str_flag, *one;
-static PyObject *str_attributes, *str_next_replay;
+static PyObject *str_attributes, *str_numbers;
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -571,8 +571,8 @@ static int replay_fields(Recorded *self, PyObject *const *args, size_t nargsf, P
                 goto out;
         }
     }
-    next = PyObject_GetAttr(info, str_next_replay);
-    number = next != NULL ? PyObject_CallNoArgs(next) : NULL;
+    next = PyObject_GetAttr(info, str_numbers); /* the graph's itertools.count of replay numbers */
+    number = next != NULL && PyIter_Check(next) ? PyIter_Next(next) : NULL;
     if (number == NULL)
         goto out;
     *seq = PyLong_AsUnsignedLongLong(number);
@@ -911,8 +911,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     str_write_record = PyUnicode_InternFromString("write_record");
     str_flag = PyUnicode_InternFromString("_is_compiling_flag");
     str_attributes = PyUnicode_InternFromString("attributes");
-    str_next_replay = PyUnicode_InternFromString("next_replay");
-    if (!str_attributes || !str_next_replay)
+    str_numbers = PyUnicode_InternFromString("numbers");
+    if (!str_attributes || !str_numbers)
         return NULL;
     one = PyLong_FromLong(1);
     str_span_processors = PyUnicode_InternFromString("_span_processors");

@@ -295,10 +295,13 @@ def replayed(poisoned):  # what the captured reductions write on the GPU, each r
     if check is not None:
         check.flags.zero_()
         check.flags[1] = poisoned  # position 2: the first layer.mlp
+        start, count = check.rows[2]
+        check.flags[start + 1] = poisoned  # its output's second row: the batch's second request
 for number, poisoned in enumerate([False, True, False, True], 1):
     graph.at, graph.then = number, lambda poisoned=poisoned: replayed(poisoned)
-    graph.replay()
-print(None if check is None else check.flags[:4].tolist())
+    with sok.forward_batch(carriers, name="decode_batch"):
+        graph.replay()
+print(None if check is None else (check.flags[:4].tolist(), sorted(check.rows.items())))
 """
 
 
@@ -309,11 +312,14 @@ def test_the_nan_check_names_the_first_captured_call_that_made_nan_on_its_replay
     flagged call on that replay's span, not on the others."""
     proc = run_python(_app(NAN_CHECK, level=level), tmp_path, env={"SGLANG_KERNEL_API_GRAPH_NAN_CHECK": check})
     assert proc.returncode == 0, proc.stderr
-    # At capture, on the CPU, the reductions ran on finite outputs: three slots written, all clear.
-    assert proc.stdout.split("\n")[-2] == ("[False, True, False, False]" if named else "None")
+    # Three calls captured, a slot and two rows (their outputs are 2x4) each, after the calls' slots.
+    assert proc.stdout.split("\n")[-2] == ("([False, True, False, False], [(1, (4096, 2)), (2, (4098, 2)), "
+                                           "(3, (4100, 2))])" if named else "None")
     replays = _replays(sok.read_trace(tmp_path / "t.sgltrace"))
     marks = [span.attributes.get("sglang.cuda_graph.first_nonfinite") for span in replays]
     assert marks == ([None, "2: layer.mlp", None, "2: layer.mlp"] if named else [None] * 4)
+    requests = [span.attributes.get("sglang.kernel.nonfinite_requests") for span in replays]
+    assert requests == ([None, ("req-2",), None, ("req-2",)] if named else [None] * 4)
     if named:
         report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path / "t.sgltrace"),
                                  "--json"], capture_output=True, text=True, timeout=120)

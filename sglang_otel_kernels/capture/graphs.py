@@ -41,11 +41,12 @@ import torch
 from .. import config as _config
 from ..describe.statistics import is_device_error
 from ..notices import warn_failed_once
+from ..record import batches
 from ..record.processor import current_writer
 from ..record.spans import CALL_SEQ, captured_calls
 from ..record.tracefile import FLAG_GRAPH_REPLAY, MAX_GRAPH_CALLS, REPLAY_SHIFT, replay_fields
 from ..schema import (GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_POSITION, GRAPH_REPLAY, GRAPH_SUSPECT, HAS_INF, HAS_NAN,
-                      REPLAY_NAME)
+                      NONFINITE_REQUESTS, REPLAY_NAME)
 from . import decorator
 from .collectives import MAX_TENSORS, tensor_fields
 from .patches import Instrumentation, Patch
@@ -53,6 +54,7 @@ from .patches import Instrumentation, Patch
 _ATTRIBUTE = "_sglang_otel_kernels_graph"  # where a graph object keeps its Graph
 _RECORDED = "_sglang_otel_kernels_recorded"  # on our wrappers of a graph class's methods
 MAX_OUTPUTS = 64  # tensors of a graph's outputs checked after each replay
+ROW_SLOTS = 1 << 16  # the NaN check's slots for rows of captured calls' outputs, per graph
 
 
 @dataclasses.dataclass
@@ -62,7 +64,9 @@ class Capture:
     graph_id: int
     calls: list = dataclasses.field(default_factory=list)  # (name, input shapes, input dtypes)
     left_out: int = 0  # calls past MAX_GRAPH_CALLS
-    flags: "torch.Tensor | None" = None  # the NaN check's device buffer, a slot per captured call
+    flags: "torch.Tensor | None" = None  # the NaN check's device buffer, a slot per captured call, then rows
+    rows: dict = dataclasses.field(default_factory=dict)  # position -> (where its rows' slots start, how many)
+    rows_used: int = 0
     nan_failed: bool = False  # a captured reduction could not be made: no NaN check for this graph
 
 
@@ -72,17 +76,20 @@ class NanCheck:
     without blocking into one of two host buffers, and read after the next
     replay was launched (its own kernels run meanwhile) or at the next
     statistics transfer, whichever comes first. The first set slot names
-    the captured call on the replay's span, as a record after its end."""
+    the captured call on the replay's span, as a record after its end; the
+    rows of its first output that hold NaN/Inf name their requests where
+    the replay's batch maps rows to requests (forward_batch)."""
 
-    __slots__ = ("flags", "names", "hosts", "events", "pending", "__weakref__")
+    __slots__ = ("flags", "names", "rows", "hosts", "events", "pending", "__weakref__")
 
-    def __init__(self, flags: "torch.Tensor", names: list) -> None:
+    def __init__(self, flags: "torch.Tensor", names: list, rows: dict) -> None:
         self.flags = flags
         self.names = names  # by position - 1
+        self.rows = rows
         pinned = flags.is_cuda
         self.hosts = [torch.zeros(flags.shape, dtype=flags.dtype, pin_memory=pinned) for _ in range(2)]
         self.events: list = [None, None]
-        self.pending: "tuple[int, tuple] | None" = None  # (host buffer, the replay's call)
+        self.pending: "tuple[int, tuple, Any] | None" = None  # (host buffer, the replay's call, its batch)
 
     def replayed(self, call: tuple) -> None:
         self.read()
@@ -91,22 +98,31 @@ class NanCheck:
         if self.flags.is_cuda:
             event = self.events[index] = self.events[index] or torch.cuda.Event()
             event.record()
-        self.pending = (index, call)
+        self.pending = (index, call, batches.current())
         _unread.add(self)
 
     def read(self) -> None:
         if self.pending is None:
             return
-        index, call = self.pending
+        index, call, batch = self.pending
         self.pending = None
         _unread.discard(self)
         if self.events[index] is not None:
             self.events[index].synchronize()  # the replay before this one: done, or about to be
-        set_slots = self.hosts[index].nonzero()
-        if set_slots.numel():
-            position = int(set_slots[0, 0]) + 1
-            name = self.names[position - 1] if position <= len(self.names) else "?"
-            decorator.annotate(call, {GRAPH_FIRST_NONFINITE: f"{position}: {name}"})
+        host = self.hosts[index]
+        set_slots = host[:MAX_GRAPH_CALLS].nonzero()
+        if not set_slots.numel():
+            return
+        position = int(set_slots[0, 0]) + 1
+        name = self.names[position - 1] if position <= len(self.names) else "?"
+        found = {GRAPH_FIRST_NONFINITE: f"{position}: {name}"}
+        where = self.rows.get(position)
+        if batch is not None and where is not None:
+            start, count = where
+            owners = batch.owners(count, host[start: start + count].nonzero().flatten().tolist())
+            if owners is not None:
+                found[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
+        decorator.annotate(call, found)
 
 
 _unread: "weakref.WeakSet[NanCheck]" = weakref.WeakSet()  # graphs whose newest replay's flags are not read yet
@@ -116,10 +132,11 @@ class Graph:
     """A graph recorded here: the call number of its next replay
     (`next_replay()`: its id and the replay's number packed), the outputs to check."""
 
-    __slots__ = ("next_replay", "outputs", "nan")
+    __slots__ = ("numbers", "next_replay", "outputs", "nan")
 
     def __init__(self, graph_id: int) -> None:
-        self.next_replay = itertools.count((graph_id << REPLAY_SHIFT) + 1).__next__
+        self.numbers = itertools.count((graph_id << REPLAY_SHIFT) + 1)  # the compiled core takes its next
+        self.next_replay = self.numbers.__next__
         self.outputs: tuple = ()
         self.nan: "NanCheck | None" = None
 
@@ -200,8 +217,15 @@ def captured_output(marks: dict, result: Any) -> None:
         return
     try:
         if capture.flags is None:
-            capture.flags = torch.zeros(MAX_GRAPH_CALLS, dtype=torch.bool, device=floats[0].device)
+            capture.flags = torch.zeros(MAX_GRAPH_CALLS + ROW_SLOTS, dtype=torch.bool, device=floats[0].device)
         capture.flags[position - 1] = torch.stack([(~tensor.isfinite()).any() for tensor in floats]).any()
+        # Its first output's rows (a batch's requests', where the batch maps them), while the graph's slots last.
+        count = floats[0].shape[0] if floats[0].dim() else 0
+        if 0 < count <= ROW_SLOTS - capture.rows_used:
+            start = MAX_GRAPH_CALLS + capture.rows_used
+            capture.flags[start: start + count] = (~floats[0].isfinite()).reshape(count, -1).any(1)
+            capture.rows[position] = (start, count)
+            capture.rows_used += count
     except Exception as exc:
         capture.nan_failed = True
         warn_failed_once("capturing the NaN check of a CUDA graph's call", exc)
@@ -243,7 +267,7 @@ def _end(original: Callable) -> Callable:
             try:
                 info = Graph(capture.graph_id)
                 if capture.flags is not None and not capture.nan_failed:
-                    info.nan = NanCheck(capture.flags, [name for name, _, _ in capture.calls])
+                    info.nan = NanCheck(capture.flags, [name for name, _, _ in capture.calls], capture.rows)
                 _keep(graph, info)
                 captured_calls[capture.graph_id] = len(capture.calls) + capture.left_out
                 writer = current_writer()
