@@ -94,6 +94,16 @@ def test_a_dump_names_the_faulting_kernel_lane_and_launch_whatever_its_entry_siz
     assert fault.error_pc == fault.pc == cuda_dumps.KERNEL_ENTRY + 0x230 and fault.grid_id == 7
 
 
+def test_a_dump_alone_is_reported_unplaced(tmp_path):
+    path = tmp_path / "cuda_coredump_host.1.2"
+    path.write_bytes(cuda_dumps.fault_dump())
+    done = _report(path, json_out=False)
+    assert done.returncode == 1, done.stderr  # a device fault
+    assert done.stdout.lstrip().startswith("Device fault (CUDA core dump cuda_coredump_host.1.2): WARP_ILLEGAL_ADDRESS")
+    assert "not placed: no trace file of its process was given" in done.stdout
+    assert "No kernel call was running" not in done.stdout
+
+
 def test_a_device_side_assert_and_a_dump_named_otherwise(tmp_path):
     path = tmp_path / "core.nvcudmp"
     path.write_bytes(cuda_dumps.fault_dump(exception=cuda_dumps.WARP_ASSERT, lane=0, timestamp=1764681234))

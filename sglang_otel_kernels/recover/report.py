@@ -375,7 +375,7 @@ def render_text(report: dict[str, Any]) -> str:
         for call in running:
             out.extend(call_lines(call))
     at_death = report.get("graph_replay_at_death") or []
-    if not report["in_flight"]:
+    if not report["in_flight"] and report["files"]:
         out.append("No kernel call was running when the file was last written" +
                    (" (no crash inside a kernel)." if not at_death else ", but a CUDA graph's kernels may have been:"))
     for call in at_death:
