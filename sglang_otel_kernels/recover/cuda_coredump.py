@@ -169,7 +169,7 @@ class _Dump:
         finally:
             os.close(fd)
         self.notes: list[str] = []
-        ident, kind, machine, _, _, _, shoff, _, _, _, _, shentsize, shnum, shstrndx = _ELF_HEADER.unpack_from(self.data)
+        ident, kind, machine, *_, shstrndx = _ELF_HEADER.unpack_from(self.data)
         if ident[:4] != b"\x7fELF":
             raise CoreDumpError(f"{path}: not a CUDA core dump (no ELF magic)")
         if ident[4] != 2 or ident[5] != 1:
@@ -177,13 +177,11 @@ class _Dump:
         if ident[7] != ELFOSABI_CUDA or machine != EM_CUDA or kind != ET_CORE:
             raise CoreDumpError(f"{path}: an ELF file but not a CUDA core dump (OSABI {ident[7]:#x}, machine "
                                 f"{machine:#x}, type {kind}; a dump has {ELFOSABI_CUDA:#x}, {EM_CUDA:#x}, {ET_CORE})")
-        if shentsize < _SECTION.size or not 0 < shnum <= MAX_SECTIONS or shstrndx >= shnum:
-            raise CoreDumpError(f"{path}: damaged CUDA core dump (section table: {shnum} entries of {shentsize} "
-                                f"bytes, names in {shstrndx})")
-        if shoff + shnum * shentsize > len(self.data):
-            raise CoreDumpError(f"{path}: truncated CUDA core dump ({len(self.data)} bytes; its section table "
-                                f"ends at {shoff + shnum * shentsize})")
-        raw = [_SECTION.unpack_from(self.data, shoff + i * shentsize) for i in range(shnum)]
+        raw = _section_headers(self.data, 0, len(self.data))
+        if isinstance(raw, str):
+            raise CoreDumpError(f"{path}: {raw}")
+        if not raw or shstrndx >= len(raw):
+            raise CoreDumpError(f"{path}: damaged CUDA core dump (no section table, or names in section {shstrndx})")
         names = raw[shstrndx]
         if names[1] != SHT_STRTAB or names[4] + names[5] > len(self.data):
             raise CoreDumpError(f"{path}: damaged CUDA core dump (no section names)")
@@ -246,17 +244,28 @@ class _Dump:
         return self.sections[index] if 0 <= index < len(self.sections) else None
 
 
+def _section_headers(data, base: int, size: int) -> "list[tuple] | str":
+    """The section headers of the ELF64 at data[base:base + size], or why
+    they cannot be read (a table that does not fit is a truncated file)."""
+    header = _ELF_HEADER.unpack_from(data, base)
+    shoff, shentsize, shnum = header[6], header[11], header[12]
+    if shentsize < _SECTION.size or shnum > MAX_SECTIONS:
+        return f"damaged CUDA core dump (section table: {shnum} entries of {shentsize} bytes)"
+    if shoff + shnum * shentsize > size:
+        return f"truncated CUDA core dump ({size} bytes; its section table ends at {shoff + shnum * shentsize})"
+    return [_SECTION.unpack_from(data, base + shoff + i * shentsize) for i in range(shnum)]
+
+
 def _functions(dump: _Dump, image: _Section) -> list[tuple[int, int, str]]:
     """(address, size, name) of the functions a relocated cubin's symbol table
     holds; none where the image is not a readable ELF."""
     data, base, size = dump.data, image.offset, image.size
     if base + size > len(data) or size < _ELF_HEADER.size or data[base: base + 4] != b"\x7fELF" or data[base + 4] != 2:
         return []
-    header = _ELF_HEADER.unpack_from(data, base)
-    shoff, shentsize, shnum = header[6], header[11], header[12]
-    if shentsize < _SECTION.size or shnum > MAX_SECTIONS or shoff + shnum * shentsize > size:
+    sections = _section_headers(data, base, size)
+    if isinstance(sections, str):
         return []
-    sections = [_SECTION.unpack_from(data, base + shoff + i * shentsize) for i in range(shnum)]
+    shnum = len(sections)
     found = []
     for entry in sections:
         if entry[1] != SHT_SYMTAB or entry[9] < _SYMBOL.size or entry[6] >= shnum:
