@@ -216,6 +216,7 @@ def test_the_format_page_gives_the_writers_layouts_and_constants():
     for encoding, name in ((1, "COMPACT_END"), (4, "SPAN_START"), (5, "KERNEL_SPAN")):
         assert getattr(fmt, "ENCODING_" + name) == encoding and f"| {encoding} | {name} `{getattr(fmt, name).format}`" in page
     assert (fmt.ENCODING_KERNEL_START, fmt.ENCODING_KERNEL_END) == (2, 3)
+    assert fmt.ENCODING_ATTRIBUTED_END == 6 and f"| 6 | ATTRIBUTED_END `{fmt.COMPACT_END.format}`" in page
     assert f"KERNEL_START `{fmt.KERNEL_START.format}` / KERNEL_END `{fmt.KERNEL_END.format}`" in page
     for flag in ("SAMPLED", "REMOTE_PARENT", "LINKS", "PARENT_SAMPLED", "INLINE_NAME", "BLACKBOX", "COLLECTIVE",
                  "GRAPH_REPLAY"):

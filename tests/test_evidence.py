@@ -580,6 +580,39 @@ def test_collectives_ranks_and_the_exit_record_are_validated_not_trusted(tmp_pat
     assert not (tmp_path / "pwned").exists()
 
 
+def test_ends_with_their_outputs_are_validated_not_trusted(tmp_path):
+    code = compile("import os; os.system('touch pwned')", "x", "exec")
+
+    def attributed(span_id: int, payload: bytes, end_time: int = 0) -> tuple:
+        fixed = fmt.COMPACT_END.pack(span_id, end_time or 9_000 + span_id, 0)
+        return fmt.ENCODING_ATTRIBUTED_END, fixed + payload
+
+    output = {"sglang.kernel.output.shape": (2, 4), "sglang.kernel.output.dtype": "torch.float32"}
+    records = [
+        (fmt.ENCODING_MARSHAL, marshal.dumps((fmt.SYMBOL, 1, "k"))),
+        _kernel(1, 1), attributed(1, marshal.dumps(output)),
+        # The same payload again (read once, shared), then one with values and keys a writer never writes.
+        _kernel(2, 1), attributed(2, marshal.dumps(output)),
+        _kernel(3, 1), attributed(3, marshal.dumps({"code": code, 5: "int key", "big": 1 << 80, "bad": BAD_PATH})),
+        # Not marshal data, not a dict, a negative time, no attributes at all: each whole record ignored.
+        _kernel(4, 1), attributed(4, b"\xff\x00garbage"),
+        _kernel(5, 1), attributed(5, marshal.dumps(("not", "a dict"))),
+        _kernel(6, 1), attributed(6, marshal.dumps(output), end_time=-1),
+        _kernel(7, 1), attributed(7, b""),
+    ]
+    path = tmp_path / "hostile.sgltrace"
+    _hostile_file(path, records)
+    contents = sok.read_trace_file(path)
+    spans = {s.span_id: s for s in contents.spans}
+    assert spans[1].attributes["sglang.kernel.output.shape"] == (2, 4) and spans[1].end_time == 9_001
+    assert spans[2].attributes["sglang.kernel.output.dtype"] == "torch.float32" and not spans[2].in_flight
+    assert {k: v for k, v in spans[3].attributes.items() if k in ("code", "big", "bad")} == {
+        "big": str(1 << 80), "bad": "/data/w\\udcff.bin"}
+    assert [span_id for span_id in sorted(spans) if spans[span_id].in_flight] == [4, 5, 6, 7]  # their ends unread
+    assert "4 record(s) with a valid checksum but malformed content were ignored" in contents.problems
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_fifos_are_refused_at_once(tmp_path):
     fifo = tmp_path / "pipe.sgltrace"
     os.mkfifo(fifo)

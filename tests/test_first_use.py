@@ -99,7 +99,7 @@ def test_report_rounds_statistics_and_version_is_printed(tmp_path):
 
     # The version, and what this build writes and reads: two builds that read different files differ here.
     assert version.returncode == 0 and version.stdout.splitlines() == [
-        f"sglang-otel-kernels {sok.__version__}", f"trace file format: writes {FORMAT_VERSION}, reads 2, 3, 4",
+        f"sglang-otel-kernels {sok.__version__}", f"trace file format: writes {FORMAT_VERSION}, reads 2, 3, 4, 5",
         f"report --json schema: {REPORT_SCHEMA}", f"recording core: {core.describe()}"]
     assert importlib.metadata.version("sglang-otel-kernels") == sok.__version__  # what pip installed says the same
     assert shutil.which(CLI)

@@ -37,7 +37,11 @@ Layout (all integers little-endian):
              the order of COLLECTIVE_FIELDS (None for an absent one); a
              CUDA graph's replay (FLAG_GRAPH_REPLAY) is one such record, its
              call number the graph's id and its replay number packed
-             (REPLAY_SHIFT); it ends with a COMPACT_END or a CALL_END record
+             (REPLAY_SHIFT); it ends with a COMPACT_END, an ATTRIBUTED_END
+             or a CALL_END record; 6: ATTRIBUTED_END, the end of a kernel
+             call that added attributes (its outputs) and has no events and
+             no description: COMPACT_END's fields, then those attributes as
+             marshal data, which repeat from call to call and so are read once
 
 Span names, instrumentation scopes and black-box kernel names are written once
 as SYMBOL records and referred to by number; thread names once as THREAD
@@ -99,7 +103,7 @@ from ..schema import COLLECTIVE_FIELDS, GRAPH_ID, GRAPH_REPLAY
 from . import core
 
 MAGIC = b"SOKTRACE"
-FORMAT_VERSION = 4  # 3 plus the heartbeat, IDENTITY and EXIT records, the identity in the TABLE
+FORMAT_VERSION = 5  # 4 plus ATTRIBUTED_END records
 HEADER_SIZE = 65536
 # magic, version, header size, capacity, metadata length, ring bytes written
 HEADER_PREFIX = struct.Struct("<8sIIQIQ")
@@ -121,6 +125,7 @@ ENCODING_KERNEL_START = 2
 ENCODING_KERNEL_END = 3
 ENCODING_SPAN_START = 4
 ENCODING_KERNEL_SPAN = 5
+ENCODING_ATTRIBUTED_END = 6  # COMPACT_END, then the attributes added at the end as marshal data
 COMPACT_END = struct.Struct("<QqB")  # span id, end time, status code
 # Trace id (high, low), span id, parent span id (0: none), start time,
 # thread, name symbol, scope symbol, kind, flags; marshal data follows.

@@ -277,8 +277,10 @@ def read_text(path: str, limit: int = 1 << 20) -> str:
 
 
 # Format 2 had no high-water mark: its whole ring is scanned. Format 4
-# added the heartbeat at the end of the header and records 3 does not know.
-_PREFIXES = {2: struct.Struct("<8sIIQI"), 3: fmt.HEADER_PREFIX, fmt.FORMAT_VERSION: fmt.HEADER_PREFIX}
+# added the heartbeat at the end of the header and records 3 does not know;
+# 5 the ATTRIBUTED_END encoding.
+_PREFIXES = {2: struct.Struct("<8sIIQI"), 3: fmt.HEADER_PREFIX, 4: fmt.HEADER_PREFIX,
+             fmt.FORMAT_VERSION: fmt.HEADER_PREFIX}
 READ_FORMATS = tuple(sorted(_PREFIXES))  # the trace-file formats this reader reads
 
 
@@ -384,10 +386,12 @@ def with_gaps(entries: list[tuple[int, int, tuple]]) -> list[tuple]:
     unbroken run of sequence numbers that ends at the newest record begins,
     if anything older survives: only in that run does a start without its end
     mean a call in flight."""
+    records = [record for _, _, record in entries]
+    if not entries or entries[-1][0] - entries[0][0] == len(entries) - 1:
+        return records  # sequence numbers are unique: none is missing between the first and the last
     start = len(entries) - 1
     while start > 0 and entries[start - 1][0] == entries[start][0] - 1:
         start -= 1
-    records = [record for _, _, record in entries]
     if start > 0:
         records.insert(start, GAP)
     return records
@@ -417,7 +421,9 @@ def _clean_json(value):
 
 def record_at(data, position: int, end: int) -> "tuple[int, tuple, int] | None":
     """(sequence, record, position after it) of a whole, valid record at
-    `position`, else None (no record, torn, or not one this reader knows)."""
+    `position`, else None (no record, torn, or not one this reader knows).
+    The payload is copied first, then checked and read: a live writer may
+    overwrite the ring meanwhile."""
     header = fmt.RECORD_HEADER
     if position + header.size > end:
         return None
@@ -425,11 +431,32 @@ def record_at(data, position: int, end: int) -> "tuple[int, tuple, int] | None":
     payload_start = position + header.size
     if magic != fmt.RECORD_MAGIC or not length or payload_start + length > end:
         return None
-    record = _decode(data[payload_start : payload_start + length], crc, encoding)
+    payload = data[payload_start : payload_start + length]
+    record = _record(payload, payload, 0, length, crc, encoding)  # bytes slice as a memoryview would
     if record is None:
         return None
     size = header.size + length
     return sequence, record, position + size + (-size) % fmt.ALIGN
+
+
+def _record(data, view: memoryview, start: int, length: int, crc: int, encoding: int,
+            _crc32=zlib.crc32, _compact=fmt.COMPACT_END.unpack_from, _compact_size=fmt.COMPACT_END.size):
+    """The record whose payload is at `start` of `data` (`view`: its
+    memoryview, or the same bytes), validated and cleaned, decoded without a
+    copy for the common encodings: None for one that fails its CRC, MALFORMED for one
+    whose content this reader does not take (it still counts as a record in
+    the sequence). Once per record of a file: the defaults bind what it needs."""
+    stop = start + length
+    if _crc32(view[start:stop]) != crc:
+        return None
+    if encoding == fmt.ENCODING_KERNEL_SPAN:
+        return _kernel_span(data, view, start, length) or MALFORMED
+    if encoding == fmt.ENCODING_ATTRIBUTED_END:
+        return _attributed_end(data, view, start, length) or MALFORMED
+    if encoding == fmt.ENCODING_COMPACT_END and length == _compact_size:
+        span_id, end_time, status = _compact(data, start)
+        return (_COMPACT_END, span_id, end_time, status) if end_time >= 0 else MALFORMED
+    return _content(bytes(view[start:stop]), encoding) or MALFORMED
 
 
 def scan(data, base: int, end: int) -> tuple[list[tuple[int, int, tuple]], int]:
@@ -444,9 +471,7 @@ def scan(data, base: int, end: int) -> tuple[list[tuple[int, int, tuple]], int]:
     skipped = 0
     view = memoryview(data)
     unpack, header_size, align = fmt.RECORD_HEADER.unpack_from, fmt.RECORD_HEADER.size, fmt.ALIGN
-    magic_value, crc32, find, magic_bytes = fmt.RECORD_MAGIC, zlib.crc32, data.find, _RECORD_MAGIC_BYTES
-    compact, compact_size, compact_end = fmt.COMPACT_END.unpack_from, fmt.COMPACT_END.size, fmt.ENCODING_COMPACT_END
-    kernel_span = fmt.ENCODING_KERNEL_SPAN
+    magic_value, find, magic_bytes = fmt.RECORD_MAGIC, data.find, _RECORD_MAGIC_BYTES
     position = base
     try:
         while position + header_size <= end:
@@ -461,33 +486,17 @@ def scan(data, base: int, end: int) -> tuple[list[tuple[int, int, tuple]], int]:
                 continue
             start = position + header_size
             stop = start + length
-            if not length or stop > end or crc32(view[start:stop]) != crc:
+            record = _record(data, view, start, length, crc, encoding) if length and stop <= end else None
+            if record is None:
                 skipped += 1  # torn by a crash in mid-write, or partly overwritten
                 position += align
                 continue
-            if encoding == compact_end and length == compact_size:
-                span_id, end_time, status = compact(data, start)
-                record = (_COMPACT_END, span_id, end_time, status) if end_time >= 0 else MALFORMED
-            elif encoding == kernel_span:
-                record = _kernel_span(data, view, start, length) or MALFORMED
-            else:
-                record = _content(bytes(view[start:stop]), encoding) or MALFORMED
             position = stop + (-(header_size + length)) % align
             append((sequence, position, record))
     finally:
         view.release()
     entries.sort()  # by sequence number: unique, so the rest of a tuple is never compared
     return entries, skipped
-
-
-def _decode(payload: bytes, crc: int, encoding: int):
-    """The record a payload holds, validated and cleaned; None for one that
-    fails its CRC, MALFORMED for one whose content this reader does not take
-    (it still counts as a record in the sequence)."""
-    if zlib.crc32(payload) != crc:
-        return None
-    record = _content(payload, encoding)
-    return MALFORMED if record is None else record
 
 
 def _content(payload: bytes, encoding: int):
@@ -510,6 +519,8 @@ def _content(payload: bytes, encoding: int):
         return _span_start(payload)
     if encoding == fmt.ENCODING_KERNEL_SPAN:
         return _kernel_span(payload, memoryview(payload), 0, len(payload))
+    if encoding == fmt.ENCODING_ATTRIBUTED_END:
+        return _attributed_end(payload, memoryview(payload), 0, len(payload))
     if encoding != fmt.ENCODING_MARSHAL:
         return None
     record = _unmarshal(payload)
@@ -731,7 +742,7 @@ def _span_start(payload: bytes):
     if attributes is None or links is None:
         return None
     return (_SPAN_START, (high << 64) | low, span_id, parent_id, name, kind, start, thread, scope, attributes, links,
-            flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED))
+            flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED), None)
 
 
 def _inline_name(data) -> tuple:
@@ -754,10 +765,12 @@ def _kernel_span(data, view: memoryview, offset: int, length: int, _unpack=fmt.K
     if start < 0 or kind > 4:
         return None
     # The name, once resolved, goes first; a CUDA graph's replay has its graph and replay number, not a call number.
+    replay = flags & fmt.FLAG_GRAPH_REPLAY
     attributes: "dict | None" = ({NAME: None, LEVEL: level, **fmt.replay_fields(seq)}
-                                 if flags & fmt.FLAG_GRAPH_REPLAY else {NAME: None, LEVEL: level, SEQ: seq})
+                                 if replay else {NAME: None, LEVEL: level, SEQ: seq})
     if flags & fmt.FLAG_BLACKBOX:
         attributes[BLACKBOX] = True
+    extra = _NOTHING
     if length > _size:
         payload = bytes(view[offset + _size : offset + length])
         inline = flags & fmt.FLAG_INLINE_NAME
@@ -774,13 +787,20 @@ def _kernel_span(data, view: memoryview, offset: int, length: int, _unpack=fmt.K
             return None
         if inline:
             name = known[0]
-        attributes.update(known[1])
+        extra = known[1]
+        attributes.update(extra)
     return (_SPAN_START, (high << 64) | low, span_id, parent_id, name, kind, start, thread, _KERNEL_SCOPE, attributes,
-            (), flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED))
+            (), flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED),
+            None if replay else extra)
 
 
 # The readings of kernel spans' attribute payloads, by (inline-name flag,
-# payload): bounded, emptied when full.
+# payload): bounded, emptied when full. A kernel call's start record ends
+# with the reading its attributes were made of (after its name, level, call
+# number and black-box mark, in that order), or None when they were made
+# otherwise: a replay's, or changed after its start. Never changed, so a
+# reading's encoding can be kept by the sidecar (recover/wire.py).
+_NOTHING: dict = {}
 _extras: dict = {}
 _EXTRAS_LIMIT, _EXTRA_CACHED = 4096, 4096
 
@@ -804,6 +824,32 @@ def _extra(payload: bytes, inline: int):
     attributes.update(extra)
     return name, attributes
 
+
+def _attributed_end(data, view: memoryview, offset: int, length: int, _unpack=fmt.COMPACT_END.unpack_from,
+                    _size=fmt.COMPACT_END.size):
+    """A kernel call's end with the attributes it added (an ATTRIBUTED_END
+    payload at `offset` of `data`), as a CALL_END tuple. Its attributes are
+    read once per distinct payload, like a start's (`_extras`): the tuple
+    shares that dict, which nothing changes."""
+    if length <= _size:
+        return None
+    span_id, end_time, status = _unpack(data, offset)
+    if end_time < 0:
+        return None
+    payload = bytes(view[offset + _size : offset + length])
+    attributes = _ends.get(payload)
+    if attributes is None:
+        attributes = _attributes(_unmarshal(payload))
+        if attributes is None:
+            return None
+        if len(payload) <= _EXTRA_CACHED:
+            if len(_ends) >= _EXTRAS_LIMIT:
+                _ends.clear()
+            _ends[payload] = attributes
+    return (fmt.CALL_END, span_id, end_time, status, "", (), attributes)
+
+
+_ends: dict = {}  # the attributes of ATTRIBUTED_END payloads, by payload: bounded, emptied when full
 
 _TEXTS, _NUMBERS = {str}, {int}
 _OPTIONAL_NUMBER = (int, type(None))
@@ -927,7 +973,7 @@ class Assembler:
             start = self.starts.get(record[1])
             if start is not None:  # a span's attributes added after its start record, before its kernel ran
                 attributes = {**start[_START_ATTRIBUTES], **record[2]}
-                self.starts[record[1]] = (*start[:_START_ATTRIBUTES], attributes, *start[_START_ATTRIBUTES + 1:])
+                self.starts[record[1]] = (*start[:_START_ATTRIBUTES], attributes, *start[_START_ATTRIBUTES + 1:-1], None)
             elif len(self.late) < _MAX_LATE:  # after its end: for the span made already
                 self.late.setdefault(record[1], {}).update(record[2])
         elif kind == fmt.FAILURE:
@@ -1058,7 +1104,7 @@ def _name(symbols: dict[int, Any], number: "int | str") -> str:
 
 def _span(start: tuple, end: tuple | None, threads: dict[int, str], symbols: dict[int, Any]) -> RecoveredSpan:
     (_, trace_id, span_id, parent_id, name, kind, start_time, thread, scope_number,
-     attributes, links, flags, parent_remote, parent_sampled) = start
+     attributes, links, flags, parent_remote, parent_sampled, _) = start
     name = _name(symbols, name)
     if scope_number == _KERNEL_SCOPE:
         scope, scope_version = KERNEL_SCOPE
