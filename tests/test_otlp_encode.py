@@ -69,13 +69,18 @@ def test_the_request_is_the_one_the_sdk_encodes():
 
 
 def test_what_the_encoder_does_not_expect_goes_through_the_sdks_encoder():
-    span = spans()[0]
+    batch = spans()
+    span = batch[0]
     odd = ReadableSpan(name="bytes", context=span.context, resource=span.resource, attributes={"raw": b"\x00\x01"},
                        start_time=1, end_time=2, instrumentation_scope=span.instrumentation_scope)
     exporter = DirectGrpcExporter(endpoint="http://127.0.0.1:9", insecure=True, timeout=1)
     try:
-        assert exporter._translate_data([odd]) == encode_spans([odd])
-        assert exporter._translate_data(spans()) == sdk_encoding(spans())
+        assert ExportTraceServiceRequest.FromString(exporter._translate_data([odd])) == encode_spans([odd])
+        # That span alone: the others of its batch are still encoded here, in the same request.
+        mixed = [*batch, odd]
+        assert ExportTraceServiceRequest.FromString(exporter._translate_data(mixed)) == sdk_encoding(mixed)
+        # The request goes out as written: the client serializes bytes as they are.
+        assert type(exporter._client).__name__ == "_WireStub"
     finally:
         exporter.shutdown()
 

@@ -91,14 +91,24 @@ class ExportSampler:
             warn(f"OTEL_TRACES_SAMPLER={name!r} is not supported here; exporting every span")
             self.parent_based, self.root = False, ALWAYS_ON
 
+    @property
+    def keeps_all_local(self) -> bool:
+        """Whether every span without a remote parent is kept."""
+        return self.root is ALWAYS_ON
+
     def keep(self, span) -> bool:
         parent = span.parent
-        if self.parent_based and parent is not None and parent.is_remote:
-            return parent.trace_flags.sampled
+        remote = parent is not None and parent.is_remote
+        return self.keep_ids(span.context.trace_id, span.name, remote, remote and parent.trace_flags.sampled)
+
+    def keep_ids(self, trace_id: int, name: str, remote_parent: bool, parent_sampled: bool) -> bool:
+        """The decision for a span by its trace id, name, and its parent's
+        place (in another process or not) and sampled flag."""
+        if self.parent_based and remote_parent:
+            return parent_sampled
         if self.root is ALWAYS_ON:  # what it would say, without its look at the current context
             return True
-        result = self.root.should_sample(None, span.context.trace_id, span.name)
-        return result.decision.is_sampled()
+        return self.root.should_sample(None, trace_id, name).decision.is_sampled()
 
 
 class _CountingExporter(SpanExporter):

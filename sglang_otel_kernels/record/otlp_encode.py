@@ -5,19 +5,19 @@ The SDK's encoder builds a message object for every attribute of every span,
 which made it 60% of the sidecar's time (and, in-process, interpreter time
 taken from the kernels); writing the wire format directly,
 with the encoded form of an attribute that repeats (a kernel's dtypes,
-devices, levels, names) kept, is about four times faster. The bytes are
-parsed back into the official message (in C) so that the official gRPC
-exporter sends them with its own retries, headers, TLS, compression and
-timeout. Anything this encoder does not expect falls back to the SDK's.
+devices, levels, names) kept, is about four times faster. The official gRPC
+exporter sends the bytes as they are (its client is given a stub that takes
+them), with its own retries, headers, TLS, compression and timeout. A span
+holding what this encoder does not expect is encoded by the SDK's.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from typing import Callable, Sequence
 
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 _DOUBLE = struct.Struct("<d").pack
 _FIXED64 = struct.Struct("<Q").pack
@@ -42,9 +42,14 @@ _LINK_TRACE_ID, _LINK_SPAN_ID, _LINK_ATTRIBUTES, _LINK_FLAGS = b"\x0a\x10", b"\x
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 
 
+_ONE_BYTE = tuple(bytes((value,)) for value in range(0x80))
+
+
 def _varint(value: int) -> bytes:
     if value < 0x80:
-        return bytes((value,))
+        return _ONE_BYTE[value]
+    if value < 0x4000:  # lengths of attributes and spans: without the loop
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -114,24 +119,103 @@ def _key_values(tag: bytes, attributes) -> bytes:
     return b"".join(parts)
 
 
+def attribute_map(attributes) -> bytes:
+    """A span's attributes, encoded (those that repeat, from the kept encodings)."""
+    return _key_values(_SPAN_ATTRIBUTES, attributes)
+
+
+def counter_attribute(key: str) -> "Callable[[int], bytes]":
+    """The encoder of one span attribute whose values are int64s that never
+    repeat (call numbers): its key and field lengths are encoded once."""
+    encoded_key = _field(_KEY, _text(key))
+    if len(encoded_key) > 100:
+        return lambda value: _field(_SPAN_ATTRIBUTES, encoded_key + _field(_VALUE, _any_value(value)))
+    # By the value's varint length (1 to 10 bytes): all before it.
+    heads = (b"",) + tuple(_SPAN_ATTRIBUTES + _ONE_BYTE[len(encoded_key) + 3 + size] + encoded_key + _VALUE
+                           + _ONE_BYTE[1 + size] + b"\x18" for size in range(1, 11))
+
+    def encode(value: int) -> bytes:
+        number = _varint(value & _UINT64)
+        return heads[len(number)] + number
+
+    return encode
+
+
 def _remote_flags(context) -> bytes:
-    return _FIXED32(_HAS_IS_REMOTE | (_IS_REMOTE if context is not None and context.is_remote else 0))
+    return remote_flags(context is not None and context.is_remote)
+
+
+def remote_flags(is_remote: bool) -> bytes:
+    """A span's or link's flags value: whether its parent (or the linked
+    span) is remote is known, and whether it is."""
+    return _FIXED32(_HAS_IS_REMOTE | (_IS_REMOTE if is_remote else 0))
+
+
+def span_flags(parent_remote: bool) -> bytes:
+    """A span's encoded flags field."""
+    return _FLAGS + remote_flags(parent_remote)
+
+
+_NAME_KIND: dict = {}  # the encoded (name, kind) of a span, by both; bounded
+_STATUSES: dict = {}  # the encoded status, by (code, description); bounded
+
+
+def name_and_kind(name: str, kind: int) -> bytes:
+    """The encoded name and kind (OpenTelemetry's SpanKind value) of a span."""
+    encoded = _NAME_KIND.get((name, kind))
+    if encoded is None:
+        # The proto's kinds start at 1 (0: unspecified).
+        encoded = _field(_SPAN_NAME, _text(name)) + _KIND + _varint(kind + 1)
+        if len(_NAME_KIND) >= _ENCODED_LIMIT:
+            _NAME_KIND.clear()
+        _NAME_KIND[(name, kind)] = encoded
+    return encoded
+
+
+def status(code: int, description: "str | None") -> bytes:
+    """The encoded status: its code (0 unset, 1 ok, 2 error) and description."""
+    encoded = _STATUSES.get((code, description))
+    if encoded is None:
+        message = _field(_STATUS_MESSAGE, _text(description)) if description else b""
+        encoded = _field(_STATUS, message + (_STATUS_CODE + _varint(code) if code else b""))
+        if len(_STATUSES) >= _ENCODED_LIMIT:
+            _STATUSES.clear()
+        _STATUSES[(code, description)] = encoded
+    return encoded
+
+
+_IDS = struct.Struct(">2sQQ2sQ")  # the tags of the trace id and span id, and the ids
+_PARENT = struct.Struct(">2sQ").pack
+_TIMES = struct.Struct("<cQcQ")
+_IDS_SIZE, _TIMES_SIZE, _IDS, _TIMES = _IDS.size, _TIMES.size, _IDS.pack, _TIMES.pack
+
+
+def span_bytes(trace_id: int, span_id: int, rest: bytes, start: int, end: int, *tail: bytes) -> bytes:
+    """One encoded Span of the request: its ids, then `rest` (its trace
+    state where it has one, its parent, its name and kind), its times, then
+    the `tail` of parts after them: its encoded attributes, events and links,
+    status and flags."""
+    # One copy of the parts, the span's length computed: this runs once per span the sidecar sends.
+    return b"".join((_SPANS, _varint(_IDS_SIZE + _TIMES_SIZE + len(rest) + sum(map(len, tail))),
+                     _IDS(_TRACE_ID, trace_id >> 64, trace_id & _UINT64, _SPAN_ID, span_id), rest,
+                     _TIMES(_START, start, _END, end), *tail))
+
+
+def parent_field(parent_id: int) -> bytes:
+    """A span's encoded parent span id."""
+    return _PARENT(_PARENT_ID, parent_id)
 
 
 def _span(span) -> bytes:
     context = span.context
     parent = span.parent
-    out = [_TRACE_ID + context.trace_id.to_bytes(16, "big"), _SPAN_ID + context.span_id.to_bytes(8, "big")]
+    rest = b""
     trace_state = context.trace_state
     if trace_state:
-        out.append(_field(_TRACE_STATE, _text(",".join(f"{key}={value}" for key, value in trace_state.items()))))
+        rest = _field(_TRACE_STATE, _text(",".join(f"{key}={value}" for key, value in trace_state.items())))
     if parent is not None:
-        out.append(_PARENT_ID + parent.span_id.to_bytes(8, "big"))
-    out.append(_field(_SPAN_NAME, _text(span.name)))
-    out.append(_KIND + _varint(span.kind.value + 1))  # the proto's kinds start at 1 (0: unspecified)
-    out.append(_START + _FIXED64(span.start_time) + _END + _FIXED64(span.end_time))
-    if span.attributes:
-        out.append(_key_values(_SPAN_ATTRIBUTES, span.attributes))
+        rest += parent_field(parent.span_id)
+    out = [_key_values(_SPAN_ATTRIBUTES, span.attributes) if span.attributes else b""]
     for event in span.events:
         out.append(_field(_EVENTS, _EVENT_TIME + _FIXED64(event.timestamp) + _field(_EVENT_NAME, _text(event.name))
                           + _key_values(_EVENT_ATTRIBUTES, event.attributes or {})))
@@ -140,12 +224,11 @@ def _span(span) -> bytes:
         out.append(_field(_LINKS, _LINK_TRACE_ID + linked.trace_id.to_bytes(16, "big") + _LINK_SPAN_ID
                           + linked.span_id.to_bytes(8, "big") + _key_values(_LINK_ATTRIBUTES, link.attributes or {})
                           + _LINK_FLAGS + _remote_flags(linked)))
-    status = span.status
-    message = _field(_STATUS_MESSAGE, _text(status.description)) if status.description else b""
-    code = status.status_code.value
-    out.append(_field(_STATUS, message + (_STATUS_CODE + _varint(code) if code else b"")))
-    out.append(_FLAGS + _remote_flags(parent))
-    return _field(_SPANS, b"".join(out))
+    state = span.status
+    return span_bytes(context.trace_id, context.span_id, rest + name_and_kind(span.name, span.kind.value),
+                      span.start_time, span.end_time, b"".join(out),
+                      status(state.status_code.value, state.description)
+                      + span_flags(parent is not None and parent.is_remote))
 
 
 def _scope(scope) -> bytes:
@@ -159,11 +242,41 @@ def _scope(scope) -> bytes:
     return _field(_SCOPE, out)
 
 
+class EncodedSpan:
+    """A span in OTLP's wire form already (`span_bytes`), with the resource
+    and scope it goes under: how the sidecar hands over a plain kernel call
+    without building the SDK's objects for it (recover/wire.py)."""
+
+    __slots__ = ("resource", "instrumentation_scope", "encoded")
+
+    def __init__(self, resource, instrumentation_scope, encoded: bytes) -> None:
+        self.resource = resource
+        self.instrumentation_scope = instrumentation_scope
+        self.encoded = encoded
+
+
+_ENCODING_ERRORS = (TypeError, ValueError, AttributeError, UnicodeError, OverflowError, struct.error)
+
+
+def _span_or_sdks(span) -> bytes:
+    """A span encoded here, or by the SDK's encoder where this one does not
+    expect what it holds (that span alone)."""
+    if type(span) is EncodedSpan:
+        return span.encoded
+    try:
+        return _span(span)
+    except _ENCODING_ERRORS:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # rarely needed
+
+        request = encode_spans([span])
+        return _field(_SPANS, request.resource_spans[0].scope_spans[0].spans[0].SerializeToString())
+
+
 def encode_request(spans: Sequence) -> bytes:
-    """`ExportTraceServiceRequest` bytes for ReadableSpans: grouped by
-    resource, then scope, in the order first seen (by identity: the sidecar
-    and replay make one object per file and per scope name, a provider one
-    resource and a tracer one scope)."""
+    """`ExportTraceServiceRequest` bytes for ReadableSpans (and EncodedSpans):
+    grouped by resource, then scope, in the order first seen (by identity:
+    the sidecar and replay make one object per file and per scope name, a
+    provider one resource and a tracer one scope)."""
     groups: dict = {}
     for span in spans:
         resource, scope = span.resource, span.instrumentation_scope
@@ -174,7 +287,7 @@ def encode_request(spans: Sequence) -> bytes:
         entry = scopes.get(id(scope))
         if entry is None:
             entry = scopes[id(scope)] = (scope, [])
-        entry[1].append(_span(span))
+        entry[1].append(_span_or_sdks(span))
     out = []
     for resource, scopes in groups.values():
         body = _field(_RESOURCE, _key_values(b"\x0a", resource.attributes)) if resource is not None else b""
@@ -188,12 +301,35 @@ def encode_request(spans: Sequence) -> bytes:
     return b"".join(out)
 
 
-class DirectGrpcExporter(GrpcExporter):
-    """The official OTLP/gRPC exporter, with the request encoded by
-    `encode_request`; a batch it cannot encode goes through the SDK's encoder."""
+_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
-    def _translate_data(self, data) -> ExportTraceServiceRequest:
-        try:
-            return ExportTraceServiceRequest.FromString(encode_request(data))
-        except (TypeError, ValueError, AttributeError, UnicodeError, OverflowError, struct.error):
-            return super()._translate_data(data)
+
+def _serialized(request) -> bytes:
+    return request if type(request) is bytes else request.SerializeToString()
+
+
+class _WireStub:
+    """The trace service's client, taking a request already serialized (or
+    a message): what `encode_request` writes goes out as it is, unparsed."""
+
+    def __init__(self, channel) -> None:
+        self.Export = channel.unary_unary(  # noqa: N815 - the gRPC method's name
+            _EXPORT, request_serializer=_serialized, response_deserializer=ExportTraceServiceResponse.FromString)
+
+
+class DirectGrpcExporter(GrpcExporter):
+    """The official OTLP/gRPC exporter (its retries, headers, TLS,
+    compression and timeout), sending the request `encode_request` wrote.
+    It takes EncodedSpans beside ReadableSpans (`takes_encoded`)."""
+
+    takes_encoded = True
+    _stub = _WireStub  # the stub OpenTelemetry up to 1.3x makes its client with
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if getattr(self, "_stub", None) is not _WireStub:  # later versions take the stub as an argument
+            self._stub = _WireStub
+            self._client = _WireStub(self._channel)
+
+    def _translate_data(self, data) -> bytes:
+        return encode_request(data)

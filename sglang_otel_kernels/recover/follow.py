@@ -12,6 +12,7 @@ import dataclasses
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from opentelemetry.sdk.metrics.export import MetricExporter
@@ -31,6 +32,7 @@ from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death, map_t
                      read_heartbeat, record_at, scan, with_gaps, writer_alive)
 from .replay import BATCH, FileResource, readable
 from .request_copies import RequestTraces
+from .wire import KernelWire
 
 # Spans kept for a back end that does not take them, then the oldest are dropped.
 _MAX_PENDING = 50_000
@@ -84,7 +86,8 @@ class RingFollower:
         read yet. After a loss, the starts read before it may have lost their
         ends: a GAP first tells the assembler so."""
         entries, _ = scan(self.data, self.base, self.end)
-        fresh = [(sequence, after, record) for sequence, after, record in entries if sequence >= self._expected]
+        fresh = entries if not entries or entries[0][0] >= self._expected else [
+            entry for entry in entries if entry[0] >= self._expected]
         if not fresh:
             return []
         records = [record for _, _, record in entries if record[0] in _NAMES] + with_gaps(fresh)
@@ -186,6 +189,66 @@ class _Outbox:
         del self.spans[:count], self.finishing[:count]
 
 
+class _Sender:
+    """The outbox's spans to the back end, a batch at a time, oldest first,
+    on a thread of its own: the follower reads and encodes the next batch
+    while the back end takes one (a send mostly waits on the network and the
+    back end, without the GIL). What the back end took is listed delivered
+    here, on the follower's thread; a batch it did not take stays first in
+    the outbox, sent again at the next `drain`."""
+
+    def __init__(self, exporter: SpanExporter, outbox: _Outbox, path: str) -> None:
+        self.exporter, self.outbox, self.path = exporter, outbox, path
+        self.sent = 0
+        self.running = True  # whether the writer still ran at the last poll (a refusal is retried)
+        self._refused = False  # by the back end, since the last drain began: nothing more is sent until then
+        self._causes: set = set()  # why batches were not taken, each said once
+        self._flight: "tuple | None" = None  # (the send's future, its span count)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sok-follow-send")
+
+    def pump(self) -> None:
+        """Without waiting: settles the batch sent if the back end answered,
+        and starts the next when a whole one is queued."""
+        if self._flight is not None:
+            if not self._flight[0].done():
+                return
+            self._settle()
+        if not self._refused and len(self.outbox.spans) >= BATCH:
+            self._start()
+
+    def drain(self) -> None:
+        """Sends all that is queued, waiting for each batch; stops at a batch
+        the back end did not take."""
+        self._refused = False
+        while True:
+            if self._flight is not None:
+                self._settle()
+            if self._refused or not self.outbox.spans:
+                return
+            self._start()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _start(self) -> None:
+        batch = self.outbox.spans[:BATCH]
+        self._flight = (self._pool.submit(export_batch, self.exporter, batch), len(batch))
+
+    def _settle(self) -> None:
+        future, count = self._flight
+        self._flight = None
+        why = future.result()
+        if why is None:
+            self.outbox.delivered(count)
+            self.sent += count
+            return
+        self._refused = True
+        if why not in self._causes:  # once per cause: a back end down for an hour is one line, not thousands
+            self._causes.add(why)
+            warn(f"follow {self.path}: the back end did not take {count} spans: {why}"
+                 + ("; retrying" if self.running else ""))
+
+
 def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | None = None,
            interval: float = 0.2, wait_s: float = 60.0, kernels_only: bool = False,
            hang_seconds: float = 0.0, delivered_to: str | None = None,
@@ -229,9 +292,13 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                      Ledger(path, metadata, delivered_to, (follower.end - follower.base) // 48))
     hung: set = set()
     hang_ns = int(hang_seconds * 1e9)
-    sent = dropped = 0
-    causes: set = set()  # why batches were not taken, each said once
+    dropped = 0
+    sender = _Sender(exporter, outbox, path)
     seen_alive = 0  # when this follower last saw the process alive: a sign of life the file does not hold
+
+    # Plain kernel calls go straight to OTLP's wire form, where the exporter takes it.
+    wire = (KernelWire(assembler, resource, sampler, outbox.queue, counted)
+            if getattr(exporter, "takes_encoded", False) else None)
 
     def queue(span: RecoveredSpan, now: int, always: bool = False) -> None:
         """A span of the file (or a hung call's early export) and its copies,
@@ -252,12 +319,17 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
             running = alive()  # asked before the poll, so that the last poll sees the last records
             if running:
                 seen_alive = asked
+            sender.running = running
             for record in follower.poll():
                 if record[0] == fmt.MODE:
                     kernels_only = kernels_only or record[1] == fmt.MODE_KERNELS_ONLY
                     continue
                 pair = assembler.add(record)
                 if pair is not None:
+                    if len(outbox.spans) >= BATCH:
+                        sender.pump()
+                    if wire is not None and wire.take(*pair):
+                        continue
                     recovered = assembler.span(*pair)
                     if counted is not None:
                         counted.count(recovered)
@@ -269,10 +341,13 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                     # Ranks learnt after start-up: on the resource of the spans from now on.
                     metadata = dict(metadata, ranks={**(metadata.get("ranks") or {}), **assembler.identity})
                     resource = FileResource(resource_attributes(metadata))
+                    if wire is not None:
+                        wire.resource = resource
                     if counted is not None:
                         counted.rank = rank_of_metadata(metadata)
             in_flight = 0
             if counted is not None:
+                counted.flush()
                 now = time.time_ns()
                 oldest = min((start[6] for start in assembler.kernel_calls_started_before(now)), default=now)
                 counted.in_flight(round((now - oldest) / 1e9, 3) if running else 0.0)
@@ -289,26 +364,17 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 for span in left:
                     queue(span, last_alive, always=True)
                     in_flight += 1
-            while outbox.spans:
-                batch = outbox.spans[:BATCH]
-                why = export_batch(exporter, batch)
-                if why is not None:
-                    if why not in causes:  # once per cause: a back end down for an hour is one line, not thousands
-                        causes.add(why)
-                        warn(f"follow {path}: the back end did not take {len(batch)} spans: {why}"
-                             + ("; retrying" if running else ""))
-                    break
-                outbox.delivered(len(batch))
-                sent += len(batch)
+            sender.drain()
             if len(outbox.spans) > _MAX_PENDING:
                 dropped += len(outbox.spans) - _MAX_PENDING
                 outbox.drop_oldest(len(outbox.spans) - _MAX_PENDING)
             if not running:
                 dropped += len(outbox.spans)
                 outbox.delivered(0)  # what was left to the application's exporter
-                return sent, in_flight, dropped
+                return sender.sent, in_flight, dropped
             time.sleep(interval)
     finally:
+        sender.close()
         if follower.lost:
             warn(f"follow {path}: {follower.lost} records were overwritten before they were read, and "
                  f"{len(assembler.unsure)} spans whose end may have been among them were not exported "

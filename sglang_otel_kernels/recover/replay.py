@@ -49,7 +49,7 @@ _scopes: dict = {}
 _SCOPES_LIMIT = 1024
 
 
-def _scope(name: str | None, version: str | None) -> InstrumentationScope:
+def instrumentation_scope(name: str | None, version: str | None) -> InstrumentationScope:
     """One InstrumentationScope per (name, version), for the same reason: the
     encoder groups by scope too, and a scope hashes in Python."""
     key = (name or "unknown", version or None)
@@ -79,7 +79,7 @@ def readable(span: RecoveredSpan, resource: Resource, last_time: int) -> Readabl
         status=Status(StatusCode[span.status_code], span.status_description or None),
         start_time=span.start_time,
         end_time=span.end_time if span.end_time is not None else max(last_time, span.start_time),
-        instrumentation_scope=_scope(span.scope_name, span.scope_version),
+        instrumentation_scope=instrumentation_scope(span.scope_name, span.scope_version),
     )
 
 
