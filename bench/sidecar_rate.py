@@ -57,9 +57,13 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=50_000.0, help="calls a second to aim at")
     parser.add_argument("--size", default="16M", help="SGLANG_KERNEL_API_TRACEFILE_SIZE")
     parser.add_argument("--drain", type=int, metavar="N", help="time the sidecar alone on N calls written first")
+    parser.add_argument("--live", type=int, metavar="N",
+                        help="the records of N calls written again at --rate into a live ring the sidecar follows")
     options = parser.parse_args()
     if options.drain:
         return drain(options.drain, options.size)
+    if options.live:
+        return live(options.live, options.rate, options.size)
     workdir = tempfile.mkdtemp(prefix="sok-sidecar-")
     server, endpoint = live_receiver()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
@@ -99,41 +103,60 @@ print(sok.trace_file_path())
 """
 
 
-def drain(calls: int, size: str) -> int:
-    """The sidecar's own rate: a ring of `calls` level-3 calls exported by `follow`, timed from its start."""
-    workdir = tempfile.mkdtemp(prefix="sok-sidecar-")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
-    env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="0",
-               SGLANG_KERNEL_API_TRACEFILE=os.path.join(workdir, "trace_%i.sgltrace"),
-               SGLANG_KERNEL_API_TRACEFILE_SIZE=size)
+def _fill(calls: int, size: str, env: dict) -> "str | None":
+    """The path of a trace file of `calls` level-3 calls written by a real application, with no sidecar."""
+    env = dict(env, SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off",
+               SGLANG_KERNEL_API_EXPORT_SIDECAR="0", SGLANG_KERNEL_API_TRACEFILE_SIZE=size,
+               SGLANG_KERNEL_API_TRACEFILE=os.path.join(tempfile.mkdtemp(prefix="sok-sidecar-"), "trace_%i.sgltrace"))
     filled = subprocess.run([sys.executable, "-c", FILL, str(calls)], env=env, capture_output=True, text=True,
                             timeout=calls / 1000 + 300)
     if filled.returncode != 0:
         print(filled.stderr, file=sys.stderr)
+        return None
+    return filled.stdout.split()[-1]
+
+
+def _watch(server, sidecar: subprocess.Popen, calls: int, started: float) -> tuple:
+    """The receiver's count, watched until the sidecar has exited and the
+    back end has what it sent: (time, count) of the first batch and of the
+    last, when the sidecar exited, its output."""
+    first = last = ended = None
+    while True:
+        got, now = server.received(), time.perf_counter()
+        if got and first is None:
+            first = (now, got)
+        if got and (last is None or got > last[1]):
+            last = (now, got)
+        if ended is None and sidecar.poll() is not None:
+            ended = now  # the sidecar exits once the back end took all it sent
+        if (ended is not None and (got >= calls or now - ended > 30)) or now - started > calls / 100 + 300:
+            break
+        time.sleep(0.005)
+    if ended is None:
+        sidecar.kill()
+    return first, last, (ended or time.perf_counter()), sidecar.communicate(timeout=60)
+
+
+def _steady(first: tuple, last: tuple) -> float:
+    return (last[1] - first[1]) / (last[0] - first[0]) if last[0] > first[0] else float("nan")
+
+
+def _sidecar(path: str, endpoint: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "follow", path, "--endpoint", endpoint],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def drain(calls: int, size: str) -> int:
+    """The sidecar's own rate: a ring of `calls` level-3 calls exported by `follow`, timed from its start."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    path = _fill(calls, size, env)
+    if path is None:
         return 1
-    path = filled.stdout.split()[-1]
     server, endpoint = live_receiver()
     try:
         started = time.perf_counter()
-        sidecar = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "follow", path, "--endpoint", endpoint],
-                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # The receiver's count, watched: when the first batch came, and from then on how fast the rest did.
-        first = last = ended = None
-        while True:
-            got, now = server.received(), time.perf_counter()
-            if got and first is None:
-                first = (now, got)
-            if got and (last is None or got > last[1]):
-                last = (now, got)
-            if ended is None and sidecar.poll() is not None:
-                ended = now  # the sidecar exits once the back end took all it sent
-            if (ended is not None and (got >= calls or now - ended > 30)) or now - started > calls / 100 + 300:
-                break
-            time.sleep(0.005)
-        if ended is None:
-            sidecar.kill()
-        out, err = sidecar.communicate(timeout=60)
-        seconds = (ended or time.perf_counter()) - started
+        sidecar = _sidecar(path, endpoint, env)
+        first, last, ended, (out, err) = _watch(server, sidecar, calls, started)
         received = server.received()
     finally:
         server.stop(grace=None)
@@ -141,11 +164,80 @@ def drain(calls: int, size: str) -> int:
         print(err, file=sys.stderr)
         return 1
     held = re.search(r"(\d+) spans sent", out)
-    steady = (last[1] - first[1]) / (last[0] - first[0]) if last[0] > first[0] else float("nan")
+    seconds = ended - started
     print(f"level 3, {size} ring, the sidecar alone: {received} spans received ({held.group(1) if held else '?'} "
           f"sent: all the ring held of {calls} calls) in {seconds:.2f} s = {received / seconds:,.0f} spans/s with "
           f"its start-up and its first scan of the whole ring ({first[0] - started:.2f} s to the first batch); "
-          f"after the first batch, {steady:,.0f} spans/s (target 50,000/s)")
+          f"after the first batch, {_steady(first, last):,.0f} spans/s (target 50,000/s)")
+    return 0
+
+
+WRITER = r"""
+import sys, time
+from sglang_otel_kernels.record import tracefile as fmt
+from sglang_otel_kernels.recover.reader import map_trace_file, read_header
+source, template, capacity, rate = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+data = map_trace_file(source)
+_, position, end, _ = read_header(source, data)
+records, expected = [], 1  # (encoding, payload) in the order written: the source never wrapped
+while position + fmt.RECORD_HEADER.size <= end:
+    magic, length, sequence, crc, encoding = fmt.RECORD_HEADER.unpack_from(data, position)
+    if magic != fmt.RECORD_MAGIC or sequence != expected:
+        break
+    start = position + fmt.RECORD_HEADER.size
+    records.append((encoding, data[start : start + length]))
+    expected += 1
+    position = start + length + (-(fmt.RECORD_HEADER.size + length)) % fmt.ALIGN
+writer = fmt.TraceFileWriter(template, capacity)
+writer.write_record(*records[0])  # creates the file
+print(writer.path, flush=True)
+sys.stdin.readline()  # the sidecar is up
+write, started = writer.write_record, time.perf_counter()
+for index in range(1, len(records), 200):
+    for record in records[index : index + 200]:
+        write(*record)
+    ahead = index / 2 / rate - (time.perf_counter() - started)
+    if ahead > 0:
+        time.sleep(ahead)
+print(len(records) // 2, time.perf_counter() - started, flush=True)
+"""
+
+
+def live(calls: int, rate: float, size: str) -> int:
+    """The sidecar following a live file: the records of `calls` real
+    level-3 calls (written first) written again, as they were, into a ring
+    of `size` at `rate` calls a second by a writer that does nothing else,
+    the sidecar started with it; its rate, reading included, and what it lost."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    source = _fill(calls, "512M", env)
+    if source is None:
+        return 1
+    server, endpoint = live_receiver()
+    capacity = int(size.rstrip("M")) << 20
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, source, source + ".live", str(capacity), str(rate)],
+                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        path = writer.stdout.readline().strip()
+        sidecar = _sidecar(path, endpoint, env)
+        time.sleep(2)  # its start-up, before the writer starts
+        started = time.perf_counter()
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+        written, seconds = writer.stdout.readline().split()
+        writer.stdin.close()
+        writer.wait(timeout=60)
+        first, last, _, (out, err) = _watch(server, sidecar, int(written), started)
+        received = server.received()
+    finally:
+        server.stop(grace=None)
+    lost = re.search(r"(\d+) records were overwritten before they were read", err)
+    dropped = re.search(r"(\d+) dropped", out)
+    # Delivered from the writer's first record to the back end's last span: the rate the whole path kept.
+    print(f"level 3, a live {size} ring: {written} calls written in {float(seconds):.2f} s = "
+          f"{int(written) / float(seconds):,.0f} calls/s (aiming at {rate:,.0f}); the sidecar lost "
+          f"{lost.group(1) if lost else 0} records and dropped {dropped.group(1) if dropped else '?'} spans; the "
+          f"receiver got {received} spans, the last {last[0] - started - float(seconds):.2f} s after the writer's "
+          f"last record: {received / (last[0] - started):,.0f} spans/s delivered (target 50,000/s, nothing lost)")
     return 0
 
 

@@ -299,6 +299,9 @@ def _follow(options) -> int:
     # often than by default (they took a third of its time).
     gc.freeze()
     gc.set_threshold(20_000, 20, 50)
+    # Its sending threads take the GIL back after each wait on the network: held
+    # by a reading thread for the default 5 ms each time, sending would starve.
+    sys.setswitchinterval(0.0005)
     if not 0 <= options.hang_seconds < float("inf"):
         raise _Failure("--hang-seconds must be 0 or more")
     try:

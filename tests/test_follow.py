@@ -323,3 +323,84 @@ def test_an_application_provider_gets_kernel_spans_or_leaves_them_to_the_sidecar
                                 receiver.endpoint], capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stderr
         assert "replayed 0 spans" in again.stdout and "left out 6 spans" in again.stdout, again.stdout
+
+
+class _ScriptedBackEnd:
+    """An exporter that refuses the batches starting with a span of `refuse`
+    (once each), and answers the first batch only once the second arrived
+    and `release` is set."""
+
+    def __init__(self, refuse: set, held: bool = False) -> None:
+        import threading
+
+        self.refuse, self.got, self.second, self.release = set(refuse), [], threading.Event(), threading.Event()
+        if not held:
+            self.release.set()
+
+    def export(self, batch):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.got.append(list(batch))
+        if len(self.got) == 1:
+            assert self.second.wait(10)  # answered out of order: settled in order all the same
+        else:
+            self.second.set()
+        assert self.release.wait(10)
+        if batch[0] in self.refuse:
+            self.refuse.discard(batch[0])
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+
+def _sender(back_end, spans: int):
+    from sglang_otel_kernels.recover.follow import _Outbox, _Sender
+
+    outbox = _Outbox(None)
+    for span in range(spans):
+        outbox.queue(span, span + 1)
+    return outbox, _Sender(back_end, outbox, "t.sgltrace")
+
+
+def test_the_sender_has_two_batches_on_their_way_and_sends_again_what_was_not_taken(capsys):
+    from sglang_otel_kernels.recover.replay import BATCH
+
+    back_end = _ScriptedBackEnd(refuse={BATCH})  # the second batch, answered before the first
+    outbox, sender = _sender(back_end, 3 * BATCH + 10)
+    try:
+        sender.pump()  # two whole batches go at once; the rest waits for a whole one, or a drain
+        assert [batch[0] for batch in back_end.got] == [0, BATCH] and len(outbox.spans) == 3 * BATCH + 10
+        for future, _ in list(sender._flights):
+            future.result()
+        sender.pump()  # both answered: the first is taken, the second not; nothing more goes until a retry
+        assert outbox.spans[:2] == [BATCH, BATCH + 1] and len(outbox.spans) == 2 * BATCH + 10
+        assert len(back_end.got) == 2 and "did not take 512 spans" in capsys.readouterr().err
+        sender.retry()
+        sender.drain()
+    finally:
+        sender.close()
+    assert outbox.spans == [] and sender.sent == 3 * BATCH + 10
+    assert [batch[0] for batch in back_end.got] == [0, BATCH, BATCH, 2 * BATCH, 3 * BATCH]
+
+
+def test_the_sender_drops_the_oldest_spans_past_its_bound_but_not_those_on_their_way():
+    from sglang_otel_kernels.recover.replay import BATCH
+
+    back_end = _ScriptedBackEnd(refuse={0}, held=True)
+    outbox, sender = _sender(back_end, 4 * BATCH)
+    try:
+        sender.pump()  # two on their way, the back end holding them
+        assert sender.trim(BATCH) == 2 * BATCH  # only those not on their way can go
+        assert outbox.spans == list(range(2 * BATCH))
+        back_end.release.set()
+        for future, _ in list(sender._flights):
+            future.result()
+        sender.pump()  # the first refused, kept to be sent again; the second taken
+        for span in range(4 * BATCH, 5 * BATCH):
+            outbox.queue(span, 0)
+        assert sender.trim(BATCH // 2) == BATCH + BATCH // 2  # the kept batch is the oldest: it goes first
+        assert outbox.spans == list(range(4 * BATCH + BATCH // 2, 5 * BATCH))
+        sender.retry()
+        sender.drain()
+    finally:
+        sender.close()
+    assert outbox.spans == [] and sender.sent == BATCH + BATCH // 2

@@ -8,6 +8,7 @@ flight at once, marked as such.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import random
@@ -38,6 +39,7 @@ from .wire import KernelWire
 _MAX_PENDING = 50_000
 _NAMES = (fmt.SYMBOL, fmt.TABLE, fmt.THREAD, fmt.IDENTITY, fmt.GRAPH)
 _MAX_HUNG = 4096  # calls exported early and still running, remembered so each goes once
+_PUMP_EVERY = 128  # queued spans between looks at the sends, while a poll's records are read
 
 
 class RingFollower:
@@ -178,71 +180,104 @@ class _Outbox:
             if len(self._left) >= BATCH:
                 self.delivered(0)
 
-    def delivered(self, count: int) -> None:
-        done = [span_id for span_id in self.finishing[:count] if span_id] + self._left
+    def delivered(self, count: int, at: int = 0) -> None:
+        """The `count` spans from `at` (0: the oldest) were taken by the back end."""
+        done = [span_id for span_id in self.finishing[at : at + count] if span_id] + self._left
         self._left = []
-        del self.spans[:count], self.finishing[:count]
+        del self.spans[at : at + count], self.finishing[at : at + count]
         if self.ledger is not None:
             self.ledger.add(done)
 
-    def drop_oldest(self, count: int) -> None:
-        del self.spans[:count], self.finishing[:count]
+    def drop_oldest(self, count: int, after: int = 0) -> None:
+        """Drops `count` spans, the oldest past the first `after`."""
+        del self.spans[after : after + count], self.finishing[after : after + count]
 
 
 class _Sender:
     """The outbox's spans to the back end, a batch at a time, oldest first,
-    on a thread of its own: the follower reads and encodes the next batch
-    while the back end takes one (a send mostly waits on the network and the
-    back end, without the GIL). What the back end took is listed delivered
-    here, on the follower's thread; a batch it did not take stays first in
-    the outbox, sent again at the next `drain`."""
+    on threads of their own, two batches on their way at most: the follower
+    reads and encodes the next batches while the back end takes these (a
+    send mostly waits on the network and the back end, without the GIL; two
+    let a back end parse one while the next arrives). Their answers are
+    settled in order, on the follower's thread, where what the back end took
+    is listed delivered; a batch it did not take stays first in the outbox,
+    and nothing more is started until `retry` (at each poll)."""
+
+    _FLYING = 2
 
     def __init__(self, exporter: SpanExporter, outbox: _Outbox, path: str) -> None:
         self.exporter, self.outbox, self.path = exporter, outbox, path
         self.sent = 0
         self.running = True  # whether the writer still ran at the last poll (a refusal is retried)
-        self._refused = False  # by the back end, since the last drain began: nothing more is sent until then
+        self._refused = False  # a batch the back end did not take: nothing more is started until `retry`
         self._causes: set = set()  # why batches were not taken, each said once
-        self._flight: "tuple | None" = None  # (the send's future, its span count)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sok-follow-send")
+        self._flights: collections.deque = collections.deque()  # (the send's future, its span count), oldest first
+        self._flying = 0  # spans on their way: the outbox's, after those `_kept`
+        self._kept = 0  # spans first in the outbox that the back end did not take, to send again
+        self._pool = ThreadPoolExecutor(self._FLYING, thread_name_prefix="sok-follow-send")
 
-    def pump(self) -> None:
-        """Without waiting: settles the batch sent if the back end answered,
-        and starts the next when a whole one is queued."""
-        if self._flight is not None:
-            if not self._flight[0].done():
-                return
+    def pump(self, partial: bool = False) -> None:
+        """Without waiting: settles the batches the back end answered, and
+        starts the next while a whole one is queued (or, `partial`, any)."""
+        while self._flights and self._flights[0][0].done():
             self._settle()
-        if not self._refused and len(self.outbox.spans) >= BATCH:
+        while not self._refused and len(self._flights) < self._FLYING:
+            waiting = len(self.outbox.spans) - self._kept - self._flying
+            if waiting < BATCH and not (partial and waiting > 0):
+                return
             self._start()
+
+    def retry(self) -> None:
+        """Sends again, once the batches on their way are answered, what the back end did not take."""
+        if self._refused and not self._flights:
+            self._refused, self._kept = False, 0
 
     def drain(self) -> None:
         """Sends all that is queued, waiting for each batch; stops at a batch
         the back end did not take."""
-        self._refused = False
-        while True:
-            if self._flight is not None:
+        while self._flights:
+            self._settle()
+        self.retry()
+        while self.outbox.spans[self._kept + self._flying:] and not self._refused:
+            self.pump(partial=True)
+            if self._flights:
                 self._settle()
-            if self._refused or not self.outbox.spans:
-                return
-            self._start()
+        while self._flights:
+            self._settle()
+
+    def trim(self, limit: int) -> int:
+        """Drops the oldest queued spans beyond `limit`, not those on their
+        way; how many it dropped."""
+        excess = len(self.outbox.spans) - limit
+        if excess <= 0:
+            return 0
+        first = min(excess, self._kept)  # those not taken, then those never sent
+        self.outbox.drop_oldest(first)
+        self._kept -= first
+        rest = min(excess - first, len(self.outbox.spans) - self._kept - self._flying)
+        self.outbox.drop_oldest(rest, after=self._kept + self._flying)
+        return first + rest
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
     def _start(self) -> None:
-        batch = self.outbox.spans[:BATCH]
-        self._flight = (self._pool.submit(export_batch, self.exporter, batch), len(batch))
+        begin = self._kept + self._flying
+        batch = self.outbox.spans[begin : begin + BATCH]
+        self._flights.append((self._pool.submit(export_batch, self.exporter, batch), len(batch)))
+        self._flying += len(batch)
 
     def _settle(self) -> None:
-        future, count = self._flight
-        self._flight = None
+        """The oldest batch on its way, once answered (waiting for it)."""
+        future, count = self._flights.popleft()
         why = future.result()
+        self._flying -= count
         if why is None:
-            self.outbox.delivered(count)
+            self.outbox.delivered(count, at=self._kept)
             self.sent += count
             return
         self._refused = True
+        self._kept += count
         if why not in self._causes:  # once per cause: a back end down for an hour is one line, not thousands
             self._causes.add(why)
             warn(f"follow {self.path}: the back end did not take {count} spans: {why}"
@@ -315,18 +350,20 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
 
     try:
         while True:
-            asked = time.time_ns()
+            asked, began = time.time_ns(), time.monotonic()
             running = alive()  # asked before the poll, so that the last poll sees the last records
             if running:
                 seen_alive = asked
             sender.running = running
-            for record in follower.poll():
+            sender.retry()
+            records = follower.poll()
+            for record in records:
                 if record[0] == fmt.MODE:
                     kernels_only = kernels_only or record[1] == fmt.MODE_KERNELS_ONLY
                     continue
                 pair = assembler.add(record)
                 if pair is not None:
-                    if len(outbox.spans) >= BATCH:
+                    if not len(outbox.spans) % _PUMP_EVERY:
                         sender.pump()
                     if wire is not None and wire.take(*pair):
                         continue
@@ -364,15 +401,17 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 for span in left:
                     queue(span, last_alive, always=True)
                     in_flight += 1
-            sender.drain()
-            if len(outbox.spans) > _MAX_PENDING:
-                dropped += len(outbox.spans) - _MAX_PENDING
-                outbox.drop_oldest(len(outbox.spans) - _MAX_PENDING)
+            if running:  # what is left is sent while the next poll is read
+                sender.pump(partial=True)
+            else:
+                sender.drain()
+            dropped += sender.trim(_MAX_PENDING)
             if not running:
                 dropped += len(outbox.spans)
                 outbox.delivered(0)  # what was left to the application's exporter
                 return sender.sent, in_flight, dropped
-            time.sleep(interval)
+            if len(records) < BATCH:  # a busy writer is read again at once: a ring laps in a fraction of a second
+                time.sleep(max(interval - (time.monotonic() - began), 0.0))
     finally:
         sender.close()
         if follower.lost:
