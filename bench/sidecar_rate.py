@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -199,7 +200,7 @@ for index in range(1, len(records), 200):
     ahead = index / 2 / rate - (time.perf_counter() - started)
     if ahead > 0:
         time.sleep(ahead)
-print(len(records) // 2, time.perf_counter() - started, flush=True)
+print(len(records) // 2, time.perf_counter() - started, time.process_time(), flush=True)
 """
 
 
@@ -218,16 +219,20 @@ def live(calls: int, rate: float, size: str) -> int:
                               env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         path = writer.stdout.readline().strip()
+        children, own = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
         sidecar = _sidecar(path, endpoint, env)
         time.sleep(2)  # its start-up, before the writer starts
         started = time.perf_counter()
         writer.stdin.write("go\n")
         writer.stdin.flush()
-        written, seconds = writer.stdout.readline().split()
+        written, seconds, writer_cpu = writer.stdout.readline().split()
         writer.stdin.close()
         writer.wait(timeout=60)
         first, last, _, (out, err) = _watch(server, sidecar, int(written), started)
         received = server.received()
+        # CPU seconds: the sidecar's (the children's, less the writer's), this process's (mostly the receiver).
+        sidecar_cpu = _cpu(children, resource.getrusage(resource.RUSAGE_CHILDREN)) - float(writer_cpu)
+        receiver_cpu = _cpu(own, resource.getrusage(resource.RUSAGE_SELF))
     finally:
         server.stop(grace=None)
     lost = re.search(r"(\d+) records were overwritten before they were read", err)
@@ -237,8 +242,14 @@ def live(calls: int, rate: float, size: str) -> int:
           f"{int(written) / float(seconds):,.0f} calls/s (aiming at {rate:,.0f}); the sidecar lost "
           f"{lost.group(1) if lost else 0} records and dropped {dropped.group(1) if dropped else '?'} spans; the "
           f"receiver got {received} spans, the last {last[0] - started - float(seconds):.2f} s after the writer's "
-          f"last record: {received / (last[0] - started):,.0f} spans/s delivered (target 50,000/s, nothing lost)")
+          f"last record: {received / (last[0] - started):,.0f} spans/s delivered (target 50,000/s, nothing lost); "
+          f"CPU per span: the sidecar {sidecar_cpu / received * 1e6:.1f} us (its start-up included), the receiver "
+          f"{receiver_cpu / received * 1e6:.1f} us, the writer {float(writer_cpu) / int(written) * 1e6:.1f} us")
     return 0
+
+
+def _cpu(before, after) -> float:
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from .ledger import Ledger
 from .metrics import KernelMetrics
 from .ranks import rank_of_metadata
 from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death, map_trace_file, read_header,
-                     read_heartbeat, record_at, scan, with_gaps, writer_alive)
+                     payload_record, read_heartbeat, record_at, scan, with_gaps, writer_alive)
 from .replay import BATCH, FileResource, readable
 from .request_copies import RequestTraces
 from .wire import KernelWire
@@ -40,6 +40,7 @@ _MAX_PENDING = 50_000
 _NAMES = (fmt.SYMBOL, fmt.TABLE, fmt.THREAD, fmt.IDENTITY, fmt.GRAPH)
 _MAX_HUNG = 4096  # calls exported early and still running, remembered so each goes once
 _PUMP_EVERY = 128  # queued spans between looks at the sends, while a poll's records are read
+_RANK_RECORDS = (fmt.IDENTITY, fmt.TABLE)
 
 
 class RingFollower:
@@ -67,6 +68,7 @@ class RingFollower:
             return self._resync()
         records: list[tuple] = []
         while True:
+            self._read_on(records)
             got = record_at(self.data, self._offset, self.end)
             if got is None or got[0] != self._expected:
                 # The writer may have wrapped: the next record is then at the ring's start.
@@ -81,6 +83,27 @@ class RingFollower:
             self._expected = sequence + 1
             records.append(record)
         return records
+
+    def _read_on(self, records: list, _header=fmt.RECORD_HEADER, _magic=fmt.RECORD_MAGIC, _align=fmt.ALIGN) -> None:
+        """The records that follow one another from where the last one read
+        ended, as `record_at` would read them one by one, into `records`;
+        it stops at the first that is not the next (`poll` looks why). Once
+        per record a writer appends: the loop holds what it needs as locals."""
+        data, end, offset, expected = self.data, self.end, self._offset, self._expected
+        unpack, size, append = _header.unpack_from, _header.size, records.append
+        while offset + size <= end:
+            magic, length, sequence, crc, encoding = unpack(data, offset)
+            start = offset + size
+            if magic != _magic or sequence != expected or not length or start + length > end:
+                break
+            payload = data[start : start + length]  # copied, then checked: the writer may overwrite it
+            record = payload_record(payload, payload, 0, length, crc, encoding)
+            if record is None:
+                break
+            append(record)
+            expected += 1
+            offset = start + length + (-(size + length)) % _align
+        self._offset, self._expected = offset, expected
 
     def _resync(self) -> list[tuple]:
         """From a scan of the whole ring: its names first (so that records
@@ -348,6 +371,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
         for number, copy in enumerate(copies, 1):
             outbox.queue(copy, last if number == len(copies) else 0)
 
+    add, take, queued, mode = assembler.add, None if wire is None else wire.take, outbox.spans, fmt.MODE
     try:
         while True:
             asked, began = time.time_ns(), time.monotonic()
@@ -357,15 +381,15 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
             sender.running = running
             sender.retry()
             records = follower.poll()
-            for record in records:
-                if record[0] == fmt.MODE:
+            for record in records:  # once per record: what it needs is bound to locals
+                if record[0] == mode:
                     kernels_only = kernels_only or record[1] == fmt.MODE_KERNELS_ONLY
                     continue
-                pair = assembler.add(record)
+                pair = add(record)
                 if pair is not None:
-                    if not len(outbox.spans) % _PUMP_EVERY:
+                    if not len(queued) % _PUMP_EVERY:
                         sender.pump()
-                    if wire is not None and wire.take(*pair):
+                    if take is not None and take(*pair):
                         continue
                     recovered = assembler.span(*pair)
                     if counted is not None:
@@ -374,7 +398,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                         outbox.leave(recovered.span_id)
                         continue
                     queue(recovered, assembler.last_time)
-                elif record[0] in (fmt.IDENTITY, fmt.TABLE) and assembler.identity != metadata.get("ranks"):
+                elif record[0] in _RANK_RECORDS and assembler.identity != metadata.get("ranks"):
                     # Ranks learnt after start-up: on the resource of the spans from now on.
                     metadata = dict(metadata, ranks={**(metadata.get("ranks") or {}), **assembler.identity})
                     resource = FileResource(resource_attributes(metadata))

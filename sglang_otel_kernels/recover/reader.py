@@ -432,14 +432,14 @@ def record_at(data, position: int, end: int) -> "tuple[int, tuple, int] | None":
     if magic != fmt.RECORD_MAGIC or not length or payload_start + length > end:
         return None
     payload = data[payload_start : payload_start + length]
-    record = _record(payload, payload, 0, length, crc, encoding)  # bytes slice as a memoryview would
+    record = payload_record(payload, payload, 0, length, crc, encoding)  # bytes slice as a memoryview would
     if record is None:
         return None
     size = header.size + length
     return sequence, record, position + size + (-size) % fmt.ALIGN
 
 
-def _record(data, view: memoryview, start: int, length: int, crc: int, encoding: int,
+def payload_record(data, view: memoryview, start: int, length: int, crc: int, encoding: int,
             _crc32=zlib.crc32, _compact=fmt.COMPACT_END.unpack_from, _compact_size=fmt.COMPACT_END.size):
     """The record whose payload is at `start` of `data` (`view`: its
     memoryview, or the same bytes), validated and cleaned, decoded without a
@@ -486,7 +486,7 @@ def scan(data, base: int, end: int) -> tuple[list[tuple[int, int, tuple]], int]:
                 continue
             start = position + header_size
             stop = start + length
-            record = _record(data, view, start, length, crc, encoding) if length and stop <= end else None
+            record = payload_record(data, view, start, length, crc, encoding) if length and stop <= end else None
             if record is None:
                 skipped += 1  # torn by a crash in mid-write, or partly overwritten
                 position += align
