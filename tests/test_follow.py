@@ -404,3 +404,51 @@ def test_the_sender_drops_the_oldest_spans_past_its_bound_but_not_those_on_their
     finally:
         sender.close()
     assert outbox.spans == [] and sender.sent == BATCH + BATCH // 2
+
+
+def test_the_sidecars_call_counts_are_added_per_kind_of_call_under_the_rank_they_had():
+    from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter, MetricExportResult
+    from opentelemetry.sdk.resources import Resource
+
+    from sglang_otel_kernels.recover.metrics import KernelMetrics
+
+    class Kept(MetricExporter):
+        def __init__(self):
+            super().__init__(preferred_temporality={})
+            self.points = {}
+
+        def export(self, metrics_data, timeout_millis=10_000, **kwargs):
+            for resource_metrics in metrics_data.resource_metrics:
+                for scope in resource_metrics.scope_metrics:
+                    for metric in scope.metrics:
+                        for point in metric.data.data_points:
+                            if metric.data.aggregation_temporality is AggregationTemporality.CUMULATIVE:
+                                labels = tuple(sorted(point.attributes.items()))
+                                self.points[(metric.name, labels)] = point.value
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis=10_000):
+            return True
+
+        def shutdown(self, timeout_millis=30_000, **kwargs):
+            pass
+
+    exported = Kept()
+    metrics = KernelMetrics(exported, Resource({}))
+    for _ in range(3):
+        metrics.call("k", False, False)
+    metrics.call("k", True, True)
+    metrics.rank = 2  # the calls so far keep no rank; those after carry rank 2
+    metrics.call("k", True, False)
+    metrics.flush()
+    metrics.call("j", False, False)
+    metrics.close()  # what was kept goes out with the last export
+    name = (("sglang.kernel.name", "k"),)
+    ranked = lambda kernel: (("sglang.kernel.name", kernel), ("sglang.rank", 2))  # noqa: E731
+    assert exported.points[("sglang.kernel.calls", name)] == 4
+    assert exported.points[("sglang.kernel.failures", name)] == 1
+    assert exported.points[("sglang.kernel.nonfinite", name)] == 1
+    assert exported.points[("sglang.kernel.calls", ranked("k"))] == 1
+    assert exported.points[("sglang.kernel.failures", ranked("k"))] == 1
+    assert exported.points[("sglang.kernel.calls", ranked("j"))] == 1
+    assert ("sglang.kernel.nonfinite", ranked("k")) not in exported.points

@@ -74,8 +74,14 @@ def test_plain_kernel_calls_go_straight_to_the_wire_as_the_general_path_encodes_
     resource = FileResource(resource_attributes(metadata))
     assembler = reader.Assembler()
     taken: list = []
+    counted: list = []
+
+    class Metrics:  # what the sidecar's metrics are told
+        def call(self, name, failed, nonfinite):
+            counted.append((name, failed, nonfinite))
+
     wire = KernelWire(assembler, resource, ExportSampler({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}),
-                      lambda span, span_id: taken.append((span, span_id)), None)
+                      lambda span, span_id: taken.append((span, span_id)), Metrics())
     straight, general = [], []
     for _, _, record in entries:
         pair = assembler.add(record)
@@ -103,6 +109,7 @@ def test_plain_kernel_calls_go_straight_to_the_wire_as_the_general_path_encodes_
     assert names.count("sglang.custom_op.outer") == 1 and len(names) == 10
     assert [span.name for span, encoded in straight if encoded is None] == ["sglang.custom_op.rmsnorm"]  # not sampled
     assert {span.thread_name for span, _ in straight} == {"MainThread", "worker"}
+    assert sorted(counted) == sorted((name, False, False) for name in names)  # the call sampled out too
     assert any(span.parent_is_remote for span, encoded in straight if encoded is not None)
     assert sum(1 for span, _ in straight if span.parent_span_id) == 4  # nested, in the batch, two remote
     # Left to the general path: the application's span, the error, the calls at level 5.

@@ -261,7 +261,7 @@ class _Sender:
         while self._flights:
             self._settle()
         self.retry()
-        while self.outbox.spans[self._kept + self._flying:] and not self._refused:
+        while len(self.outbox.spans) > self._kept + self._flying and not self._refused:
             self.pump(partial=True)
             if self._flights:
                 self._settle()

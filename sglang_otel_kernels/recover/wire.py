@@ -36,8 +36,8 @@ class KernelWire:
     it is plain, queues it encoded: a kernel span (not a CUDA graph's replay,
     nothing added while it ran), ended without error, events or a
     description, none of its attributes among `_APART`, its start's and end's
-    attributes apart, and kept by the export sampler. It is then counted for
-    the metrics as `KernelMetrics.count` would."""
+    attributes apart; what the export sampler does not keep is not sent. It
+    is counted for the metrics as `KernelMetrics.count` would, sent or not."""
 
     def __init__(self, assembler: Assembler, resource, sampler, queue, counted) -> None:
         self.assembler = assembler
@@ -77,14 +77,14 @@ class KernelWire:
             shape = self._kept(self._shapes, key, self._shape(extra, added, key))
         if shape[2] is None:
             return False
+        if self._counted is not None:  # a call that ended, sampled out or not
+            self._counted.call(name, False, False)
         if (remote or not self._keeps_local) and not self._sampler.keep_ids(trace_id, name, remote, parent_sampled):
             return True  # sampled out: nothing to send, as the general path would decide
         _, _, name_kind, head, tail = shape
         self._queue(EncodedSpan(self.resource, self._scope, span_bytes(
             trace_id, span_id, parent_field(parent_id) + name_kind if parent_id else name_kind, start_time, end[2],
             head, _seq(attributes[SEQ]), tail)), span_id)
-        if self._counted is not None:
-            self._counted.call(name, False, False)
         return True
 
     @staticmethod
