@@ -157,7 +157,7 @@ def span_flags(parent_remote: bool) -> bytes:
 
 
 _NAME_KIND: dict = {}  # the encoded (name, kind) of a span, by both; bounded
-_STATUSES: dict = {}  # the encoded status, by (code, description); bounded
+_STATUSES: dict = {}  # the encoded status without a description, by code
 
 
 def name_and_kind(name: str, kind: int) -> bytes:
@@ -173,14 +173,14 @@ def name_and_kind(name: str, kind: int) -> bytes:
 
 
 def status(code: int, description: "str | None") -> bytes:
-    """The encoded status: its code (0 unset, 1 ok, 2 error) and description."""
-    encoded = _STATUSES.get((code, description))
+    """The encoded status: its code (0 unset, 1 ok, 2 error) and description
+    (an error's message, encoded each time: messages are many and may be long)."""
+    encoded = None if description else _STATUSES.get(code)
     if encoded is None:
         message = _field(_STATUS_MESSAGE, _text(description)) if description else b""
         encoded = _field(_STATUS, message + (_STATUS_CODE + _varint(code) if code else b""))
-        if len(_STATUSES) >= _ENCODED_LIMIT:
-            _STATUSES.clear()
-        _STATUSES[(code, description)] = encoded
+        if not description and len(_STATUSES) < 16:
+            _STATUSES[code] = encoded
     return encoded
 
 
