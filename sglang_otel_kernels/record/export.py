@@ -91,11 +91,6 @@ class ExportSampler:
             warn(f"OTEL_TRACES_SAMPLER={name!r} is not supported here; exporting every span")
             self.parent_based, self.root = False, ALWAYS_ON
 
-    @property
-    def keeps_all_local(self) -> bool:
-        """Whether every span without a remote parent is kept."""
-        return self.root is ALWAYS_ON
-
     def keep(self, span) -> bool:
         parent = span.parent
         remote = parent is not None and parent.is_remote

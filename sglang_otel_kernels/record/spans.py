@@ -294,10 +294,10 @@ class KernelSpans:
         _, span_id, flags, _, outer, writer, _, _, attributes, state, _ = call
         state[CALL] = outer
         end = _now()
-        if writer is not None:
+        if writer is not None:  # one that failed since the start writes nothing
             if events or description:
                 writer.append((tracefile.CALL_END, span_id, end, status, description, events, added or {}))
-            elif added:  # a writer that failed since the start writes nothing
+            elif added:
                 writer.write_record(_attributed, _compact(span_id, end, status) + _encode(added))
             else:
                 writer.write_record(_encoding, _compact(span_id, end, status))

@@ -500,11 +500,8 @@ def scan(data, base: int, end: int) -> tuple[list[tuple[int, int, tuple]], int]:
 
 
 def _content(payload: bytes, encoding: int):
-    if encoding == fmt.ENCODING_COMPACT_END:
-        if len(payload) != fmt.COMPACT_END.size:
-            return None
-        span_id, end_time, status = fmt.COMPACT_END.unpack(payload)
-        return (_COMPACT_END, span_id, end_time, status) if end_time >= 0 else None
+    """A record of the encodings `payload_record` does not decode itself (a
+    COMPACT_END of the wrong size is none: None)."""
     if encoding == fmt.ENCODING_KERNEL_START:
         if len(payload) != fmt.KERNEL_START.size:
             return None
@@ -517,10 +514,6 @@ def _content(payload: bytes, encoding: int):
         return (_KERNEL_END, *fields) if fields[1] >= 0 else None
     if encoding == fmt.ENCODING_SPAN_START:
         return _span_start(payload)
-    if encoding == fmt.ENCODING_KERNEL_SPAN:
-        return _kernel_span(payload, memoryview(payload), 0, len(payload))
-    if encoding == fmt.ENCODING_ATTRIBUTED_END:
-        return _attributed_end(payload, memoryview(payload), 0, len(payload))
     if encoding != fmt.ENCODING_MARSHAL:
         return None
     record = _unmarshal(payload)
@@ -778,11 +771,7 @@ def _kernel_span(data, view: memoryview, offset: int, length: int, _unpack=fmt.K
         # batch): their payload's reading is kept, never changed once made.
         known = _extras.get((inline, payload)) if len(payload) <= _EXTRA_CACHED else None
         if known is None:
-            known = _extra(payload, inline)
-            if len(payload) <= _EXTRA_CACHED:
-                if len(_extras) >= _EXTRAS_LIMIT:
-                    _extras.clear()
-                _extras[(inline, payload)] = known
+            known = _kept(_extras, (inline, payload), _extra(payload, inline), len(payload))
         if known is False:
             return None
         if inline:
@@ -842,14 +831,21 @@ def _attributed_end(data, view: memoryview, offset: int, length: int, _unpack=fm
         attributes = _attributes(_unmarshal(payload))
         if attributes is None:
             return None
-        if len(payload) <= _EXTRA_CACHED:
-            if len(_ends) >= _EXTRAS_LIMIT:
-                _ends.clear()
-            _ends[payload] = attributes
+        _kept(_ends, payload, attributes, len(payload))
     return (fmt.CALL_END, span_id, end_time, status, "", (), attributes)
 
 
 _ends: dict = {}  # the attributes of ATTRIBUTED_END payloads, by payload: bounded, emptied when full
+
+
+def _kept(cache: dict, key, value, size: int):
+    """`value`, kept in `cache` (`_extras`, `_ends`) under `key` when its
+    payload's `size` is small enough; the cache is emptied when full."""
+    if size <= _EXTRA_CACHED:
+        if len(cache) >= _EXTRAS_LIMIT:
+            cache.clear()
+        cache[key] = value
+    return value
 
 _TEXTS, _NUMBERS = {str}, {int}
 _OPTIONAL_NUMBER = (int, type(None))

@@ -46,10 +46,8 @@ class KernelWire:
         self._sampler = sampler
         self._queue = queue  # (encoded span, the span id it delivers)
         self._counted = counted
-        # What the calls of one site, thread and outcome share, by `_shape`'s key.
+        # What the calls of one site, thread and outcome share, by `_shape`'s key; bounded, emptied when full.
         self._shapes: dict[tuple, tuple] = {}
-        # The sampler keeps every span whose parent is not remote: asked only about the others.
-        self._keeps_local = sampler.keeps_all_local
 
     def take(self, start: tuple, end: tuple) -> bool:
         if start[0] is not _SPAN_START or len(start) != _FIELDS or start[_EXTRA] is None:
@@ -66,20 +64,19 @@ class KernelWire:
         (_, trace_id, span_id, parent_id, number, kind, start_time, thread, _, attributes, _, _, remote,
          parent_sampled, extra) = start
         remote = bool(parent_id) and remote
-        assembler = self.assembler
-        name = assembler.symbols.get(number) if type(number) is int else number
-        if type(name) is not str:
-            name = _name(assembler.symbols, number)
+        name = _name(self.assembler.symbols, number)
         key = (id(extra), id(added), name, kind, attributes[LEVEL], attributes.get(BLACKBOX), thread,
-               assembler.threads.get(thread), status, remote)
+               self.assembler.threads.get(thread), status, remote)
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._kept(self._shapes, key, self._shape(extra, added, key))
+            if len(self._shapes) >= _LIMIT:
+                self._shapes.clear()
+            shape = self._shapes[key] = self._shape(extra, added, key)
         if shape[2] is None:
             return False
         if self._counted is not None:  # a call that ended, sampled out or not
             self._counted.call(name, False, False)
-        if (remote or not self._keeps_local) and not self._sampler.keep_ids(trace_id, name, remote, parent_sampled):
+        if not self._sampler.keep_ids(trace_id, name, remote, parent_sampled):
             return True  # sampled out: nothing to send, as the general path would decide
         _, _, name_kind, head, tail = shape
         self._queue(EncodedSpan(self.resource, self._scope, span_bytes(
@@ -103,10 +100,3 @@ class KernelWire:
         tail += attribute_map(extra) + attribute_map(added) + attribute_map(threads)
         return (extra, added, name_and_kind(name, kind), attribute_map({NAME: name, LEVEL: level}),
                 tail + status_field(status, None) + span_flags(remote))
-
-    @staticmethod
-    def _kept(cache: dict, key, value):
-        if len(cache) >= _LIMIT:
-            cache.clear()
-        cache[key] = value
-        return value
