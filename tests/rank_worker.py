@@ -1,14 +1,14 @@
 """One rank of a job on the gloo backend, for the multi-rank tests.
 
-    python rank_worker.py RANK WORLD PORT SCENARIO STEPS
+    python rank_worker.py RANK WORLD PORT SCENARIO STEPS [FAULT_STEP]
 
 Like an SGLang scheduler process, it is given its rank as an argument (no
 RANK variable) and initialises torch.distributed itself. Each step runs two
 kernels (`layer.attn`, `layer.mlp`) and an all-reduce, inside a batch span
 of two requests keyed by the step (so every rank's kernels of a step share
 one trace); `pipeline` scenarios instead receive from the previous rank and
-send to the next. STEPS 0 runs until killed. At step FAULT_STEP the fault
-rank misbehaves as SCENARIO says:
+send to the next. STEPS 0 runs until killed. At step FAULT_STEP (5 unless
+given) the fault rank misbehaves as SCENARIO says:
 
     healthy    nothing
     stuck      rank 2 never returns from the kernel layer.stuck
@@ -31,7 +31,6 @@ import torch.distributed as dist
 
 import sglang_otel_kernels as sok
 
-FAULT_STEP = 5
 CARRIERS = [("00-" + "a1" * 16 + "-" + "b1" * 8 + "-01", "req-1"), ("00-" + "a2" * 16 + "-" + "b2" * 8 + "-01", "req-2")]
 
 
@@ -66,8 +65,8 @@ def hold_the_gil():
     ctypes.PyDLL(None).sleep(600)  # PyDLL keeps the GIL through the call
 
 
-def step(rank: int, world: int, number: int, scenario: str) -> None:
-    faulty = number == FAULT_STEP
+def step(rank: int, world: int, number: int, scenario: str, fault_step: int) -> None:
+    faulty = number == fault_step
     if scenario == "pipeline":
         buffer = torch.zeros(4)
         if rank > 0:
@@ -97,13 +96,14 @@ def step(rank: int, world: int, number: int, scenario: str) -> None:
 
 def main() -> int:
     rank, world, port, scenario, steps = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+    fault_step = int(sys.argv[6]) if len(sys.argv) > 6 else 5
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
     print(f"rank {rank} {sok.trace_file_path()}", flush=True)
     number = 0
     while steps == 0 or number < steps:
         number += 1
-        step(rank, world, number, scenario)
+        step(rank, world, number, scenario, fault_step)
         time.sleep(0.01)
     dist.barrier()
     dist.destroy_process_group()

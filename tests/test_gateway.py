@@ -59,8 +59,10 @@ def _run_phase(tmp_path, phase: int, plan: list, agents: list) -> None:
 
 def _abort_job(directory, agents: list) -> None:
     """4 gloo ranks (tests/rank_worker.py, 2 through each agent) whose rank 2
-    aborts inside the kernel layer.boom at step 5; the others fail in the
-    all-reduce it never enters."""
+    aborts inside the kernel layer.boom at step 16; the others fail in the
+    all-reduce it never enters. Each step is a trace of its own, routed to
+    either gateway: 16 of them split every rank over both archives but for
+    a chance of 2 in 2**17."""
     directory.mkdir()
     rendezvous = port()
     ranks = []
@@ -69,7 +71,7 @@ def _abort_job(directory, agents: list) -> None:
                         OTEL_EXPORTER_OTLP_INSECURE="true", SGLANG_KERNEL_API_LOGLEVEL="1",
                         SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_TRACEFILE=str(directory / "trace_%i.sgltrace"))
         ranks.append(subprocess.Popen([sys.executable, os.path.join(TESTS, "rank_worker.py"), str(rank), "4",
-                                       str(rendezvous), "abort", "8"], cwd=directory, env=env,
+                                       str(rendezvous), "abort", "20", "16"], cwd=directory, env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     for process in ranks:
         process.wait(timeout=120)
@@ -185,6 +187,19 @@ def test_what_the_agents_did_while_a_gateway_was_down(fleet):
     assert not [line for lines in outage["agents_after"] for line in lines if 'success="false"' in line]
 
 
+def _job_ranks(archive: str) -> set[int]:
+    """The ranks of the abort job that an archive holds spans of."""
+    ranks = set()
+    for name in os.listdir(archive):
+        with open(os.path.join(archive, name)) as lines:
+            for line in lines:
+                for resource_spans in json.loads(line)["resourceSpans"]:
+                    attributes = {a["key"]: a["value"] for a in resource_spans["resource"]["attributes"]}
+                    if attributes["service.name"]["stringValue"] == "gateway-job":
+                        ranks.add(int(attributes["sglang.rank"]["intValue"]))
+    return ranks
+
+
 def test_report_over_the_gateways_archives_gives_one_verdict_for_the_ranks_they_split(fleet):
     """Each gateway archives the traces routed to it, so every rank's spans
     are split over both archives: `report` puts each process back together."""
@@ -200,7 +215,10 @@ def test_report_over_the_gateways_archives_gives_one_verdict_for_the_ranks_they_
     [job] = wait("the job's verdict from the archives", verdict, timeout=60)
     # The sidecar put the signal rank 2 recorded on the call it left in flight: a crash, in the archives too.
     assert [(s["rank"], s["reason"], s["call"]) for s in job["suspects"]] == [(2, "crashed", "layer.boom")]
-    assert all(rank["file"].endswith("(and 1 more file(s))") for rank in job["ranks"])  # one process from two files
+    split = [_job_ranks(archive) for archive in archives]
+    assert split[0] & split[1], split  # the routing did split ranks
+    merged = {int(rank["rank"]) for rank in job["ranks"] if rank["file"].endswith("(and 1 more file(s))")}
+    assert merged == split[0] & split[1]  # one process from two files
 
 
 def test_jaeger_on_badger_keeps_its_traces_across_a_restart_and_searches_error_true(fleet):
