@@ -358,7 +358,9 @@ def _sender(back_end, spans: int):
     outbox = _Outbox(None)
     for span in range(spans):
         outbox.queue(span, span + 1)
-    return outbox, _Sender(back_end, outbox, "t.sgltrace")
+    sender = _Sender(back_end, outbox, "t.sgltrace")
+    sender._FLYING = 2  # the mechanism, with two on their way (the sidecar has more)
+    return outbox, sender
 
 
 def test_the_sender_has_two_batches_on_their_way_and_sends_again_what_was_not_taken(capsys):

@@ -3,12 +3,19 @@ bytes it sends are the bytes the general path (reader -> ReadableSpan ->
 encoder) gives for the same call, and every call that is not plain is left
 to the general path."""
 
+import random
+import struct
+
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from conftest import run_python
+from sglang_otel_kernels.record import otlp_encode
+from sglang_otel_kernels.record.core import native
 from sglang_otel_kernels.record.export import ExportSampler
 from sglang_otel_kernels.record.otlp_encode import EncodedSpan, _span, encode_request
 from sglang_otel_kernels.recover import reader
+from sglang_otel_kernels.recover import wire as wire_path
 from sglang_otel_kernels.recover.otlp_json import resource_attributes
 from sglang_otel_kernels.recover.replay import FileResource, readable
 from sglang_otel_kernels.recover.wire import KernelWire
@@ -66,7 +73,14 @@ def _file(tmp_path) -> str:
     return proc.stdout.split()[-1]
 
 
-def test_plain_kernel_calls_go_straight_to_the_wire_as_the_general_path_encodes_them(tmp_path):
+# The compiled core's encoder of a plain call and its Python twin (None where the core is not built: a failure).
+ENCODERS = {"compiled": getattr(native, "counter_span", None), "python": otlp_encode.python_counter_span}
+
+
+@pytest.mark.parametrize("core", sorted(ENCODERS))
+def test_plain_kernel_calls_go_straight_to_the_wire_as_the_general_path_encodes_them(tmp_path, monkeypatch, core):
+    assert ENCODERS[core] is not None, "the compiled core is not built"
+    monkeypatch.setattr(wire_path, "counter_span", ENCODERS[core])
     path = _file(tmp_path)
     data = reader.map_trace_file(path)
     metadata, base, end, _ = reader.read_header(path, data)
@@ -122,3 +136,25 @@ def test_plain_kernel_calls_go_straight_to_the_wire_as_the_general_path_encodes_
     ordinary = [readable(span, resource, 0) for span, encoded in straight if encoded is not None] + mixed[-len(general):]
     assert ExportTraceServiceRequest.FromString(encode_request(mixed)) == \
         ExportTraceServiceRequest.FromString(encode_request(ordinary))
+
+
+def test_the_compiled_encoder_of_a_plain_call_gives_its_python_twins_bytes_at_every_edge():
+    """Ids at their limits, no parent, call numbers of every varint length
+    (negative: int64's two's complement; beyond 64 bits: masked), keys and
+    tails whose lengths take 1 to 3 length bytes; and the same refusal of
+    ids out of range."""
+    assert native is not None, "the compiled core is not built"
+    rng = random.Random(7)
+    keys = [otlp_encode.counter_key("sglang.kernel.seq"), otlp_encode.counter_key("k" * 300)]
+    for trace_id in (1, (1 << 128) - 1, 0xABC, rng.getrandbits(128)):
+        for parent in (0, 1, (1 << 64) - 1):
+            for counter in (0, 1, 127, 128, 16383, 16384, (1 << 63) - 1, -1, -(1 << 63), 1 << 70):
+                for tail in (b"", b"t" * 200, b"u" * 20000):
+                    for key in keys:
+                        args = (trace_id, rng.getrandbits(64), parent, otlp_encode.name_and_kind("sglang.op", 0),
+                                rng.getrandbits(64), (1 << 64) - 1, b"h" * 5, key, counter, tail)
+                        assert native.counter_span(*args) == otlp_encode.python_counter_span(*args), args
+    for trace_id, span_id in ((-1, 1), (1 << 128, 1), (1, -1), (1, 1 << 64)):
+        for encoder in ENCODERS.values():
+            with pytest.raises((OverflowError, struct.error)):
+                encoder(trace_id, span_id, 0, b"", 1, 2, b"", keys[0], 1, b"")

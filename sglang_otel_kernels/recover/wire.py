@@ -2,16 +2,16 @@
 sidecar (recover/follow.py): the bulk of what it exports, at level 3 and
 above, is kernel calls that ended well, each made of the same few parts as
 the calls of its site before it. Their attributes are encoded once per
-distinct reading of their records (record/otlp_encode.py's `span_bytes`
-then joins ids, times and those bytes), with no RecoveredSpan, ReadableSpan
-or per-attribute work; every other span takes the general path (reader ->
+distinct reading of their records; record/otlp_encode.py's `counter_span`
+(compiled where the recording core is) then joins ids, times, the call
+number and those bytes, with no RecoveredSpan, ReadableSpan or
+per-attribute work; every other span takes the general path (reader ->
 `readable` -> encoder), which gives the same bytes.
 """
 
 from __future__ import annotations
 
-from ..record.otlp_encode import (EncodedSpan, attribute_map, counter_attribute, name_and_kind, parent_field,
-                                  span_bytes, span_flags)
+from ..record.otlp_encode import EncodedSpan, attribute_map, counter_key, counter_span, name_and_kind, span_flags
 from ..record.otlp_encode import status as status_field
 from ..schema import (BLACKBOX, COPY_OF, HAS_INF, HAS_NAN, HUNG, IN_FLIGHT, LEVEL, NAME, NONFINITE, SEQ, THREAD_ID,
                       THREAD_NAME)
@@ -28,7 +28,7 @@ _LIMIT = 4096
 _ERROR = 2
 _EXTRA, _FIELDS = 14, 15  # where a kernel call's start record holds its attribute reading; its length
 _NONE_ADDED: dict = {}  # what a COMPACT_END adds
-_seq = counter_attribute(SEQ)
+_SEQ_KEY = counter_key(SEQ)
 
 
 class KernelWire:
@@ -79,9 +79,9 @@ class KernelWire:
         if not self._sampler.keep_ids(trace_id, name, remote, parent_sampled):
             return True  # sampled out: nothing to send, as the general path would decide
         _, _, name_kind, head, tail = shape
-        self._queue(EncodedSpan(self.resource, self._scope, span_bytes(
-            trace_id, span_id, parent_field(parent_id) + name_kind if parent_id else name_kind, start_time, end[2],
-            head, _seq(attributes[SEQ]), tail)), span_id)
+        self._queue(EncodedSpan(self.resource, self._scope, counter_span(
+            trace_id, span_id, parent_id, name_kind, start_time, end[2], head, _SEQ_KEY, attributes[SEQ], tail)),
+            span_id)
         return True
 
     @staticmethod
