@@ -1,5 +1,6 @@
 /* The compiled recording core: the black-box / level-1 path of a decorated
- * call (record/core.py says when it is used).
+ * call (record/core.py says when it is used), and the sidecar's encoding of
+ * a plain kernel call's span (`counter_span`, at the end).
  *
  * `Ring` is a trace file's ring as the writer (record/tracefile.py) sees it:
  * where the next record goes, its sequence number, and how far records may
@@ -887,7 +888,7 @@ static PyObject *crc32_py(PyObject *module, PyObject *arg) {
 
 /* -- a plain kernel call's Span, in OTLP's wire form ------------------------
  * For the sidecar (recover/wire.py), which sends tens of thousands a second:
- * the same bytes as record/otlp_encode.py's `counter_span`, its twin. */
+ * the same bytes as its twin, record/otlp_encode.py's `python_counter_span`. */
 
 static unsigned char *put_varint(unsigned char *p, uint64_t value) {
     while (value >= 0x80) {
