@@ -60,9 +60,9 @@ def _run_phase(tmp_path, phase: int, plan: list, agents: list) -> None:
 def _abort_job(directory, agents: list) -> None:
     """4 gloo ranks (tests/rank_worker.py, 2 through each agent) whose rank 2
     aborts inside the kernel layer.boom at step 16; the others fail in the
-    all-reduce it never enters. Each step is a trace of its own, routed to
-    either gateway: 16 of them split every rank over both archives but for
-    a chance of 2 in 2**17."""
+    all-reduce it never enters. Each step is a trace of its own, and so is
+    each of the two requests, each routed to either gateway: 18 traces split
+    every rank over both archives but for a chance of 1 in 2**17."""
     directory.mkdir()
     rendezvous = port()
     ranks = []
