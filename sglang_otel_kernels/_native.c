@@ -914,11 +914,6 @@ static unsigned char *put_big_endian(unsigned char *p, uint64_t value) {
     return p;
 }
 
-static unsigned char *put_little_endian(unsigned char *p, uint64_t value) {
-    memcpy(p, &value, 8);
-    return p + 8;
-}
-
 static PyObject *sixty_four;
 
 /* An id or a time: an int from 0 to 2**64 - 1, else OverflowError / TypeError. */
@@ -986,10 +981,10 @@ static PyObject *counter_span(PyObject *module, PyObject *const *args, Py_ssize_
         p = put_big_endian(p, parent_id);
     }
     memcpy(p, PyBytes_AS_STRING(parts[0]), name_kind), p += name_kind;
-    *p++ = 0x39;
-    p = put_little_endian(p, start);
+    *p++ = 0x39; /* the times: fixed64, as the ring's integers (put_u64) */
+    put_u64(p, start), p += 8;
     *p++ = 0x41;
-    p = put_little_endian(p, end);
+    put_u64(p, end), p += 8;
     memcpy(p, PyBytes_AS_STRING(parts[1]), head), p += head;
     *p++ = 0x4a; /* Span.attributes */
     p = put_varint(p, pair);

@@ -206,7 +206,7 @@ def python_counter_span(trace_id: int, span_id: int, parent_id: int, name_and_ki
     `counter_span` gives the same bytes, faster."""
     number = _varint(counter & _UINT64)
     pair = key + _VALUE + _ONE_BYTE[1 + len(number)] + b"\x18" + number
-    return span_bytes(trace_id, span_id, _PARENT(_PARENT_ID, parent_id) + name_and_kind if parent_id else name_and_kind,
+    return span_bytes(trace_id, span_id, parent_field(parent_id) + name_and_kind if parent_id else name_and_kind,
                       start, end, head, _SPAN_ATTRIBUTES + _varint(len(pair)) + pair, tail)
 
 

@@ -263,11 +263,10 @@ class _Sender:
         while self._flights:
             self._settle()
         self.retry()
-        while len(self.outbox.spans) > self._kept + self._flying and not self._refused:
+        while True:
             self.pump(partial=True)
-            if self._flights:
-                self._settle()
-        while self._flights:
+            if not self._flights:
+                return
             self._settle()
 
     def trim(self, limit: int) -> int:

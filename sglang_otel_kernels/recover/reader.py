@@ -440,7 +440,7 @@ def record_at(data, position: int, end: int) -> "tuple[int, tuple, int] | None":
 
 
 def payload_record(data, view: memoryview, start: int, length: int, crc: int, encoding: int,
-            _crc32=zlib.crc32, _compact=fmt.COMPACT_END.unpack_from, _compact_size=fmt.COMPACT_END.size):
+                   _crc32=zlib.crc32, _compact=fmt.COMPACT_END.unpack_from, _compact_size=fmt.COMPACT_END.size):
     """The record whose payload is at `start` of `data` (`view`: its
     memoryview, or the same bytes), validated and cleaned, decoded without a
     copy for the common encodings: None for one that fails its CRC, MALFORMED for one
@@ -846,6 +846,7 @@ def _kept(cache: dict, key, value, size: int):
             cache.clear()
         cache[key] = value
     return value
+
 
 _TEXTS, _NUMBERS = {str}, {int}
 _OPTIONAL_NUMBER = (int, type(None))
