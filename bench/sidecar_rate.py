@@ -6,6 +6,7 @@ count), and the spans the receiver got against the spans the file held.
 
     python bench/sidecar_rate.py [--seconds 10] [--rate 50000] [--size 16M]
     python bench/sidecar_rate.py --drain 100000 [--size 64M]
+    python bench/sidecar_rate.py --live 500000 [--rate 50000] [--starve 3]
 
 The target: 50 000 level-3 calls a second for 10 s without a lost record.
 One Python thread on this machine makes fewer than that at level 3, so the
@@ -14,7 +15,8 @@ count at the rate the application reached. On this 2-core machine the
 application, the sidecar and the receiver share the cores; `--drain N` times
 the sidecar alone: N level-3 calls written first (no sidecar), then the
 sidecar's command (`follow`) exporting them all to the receiver, from its
-start to its exit.
+start to its exit. `--starve S` adds a slow spell to a `--live` run: one busy
+process per core and one more, for S seconds from 2 s into the writing.
 """
 
 from __future__ import annotations
@@ -60,12 +62,21 @@ def main() -> int:
     parser.add_argument("--drain", type=int, metavar="N", help="time the sidecar alone on N calls written first")
     parser.add_argument("--live", type=int, metavar="N",
                         help="the records of N calls written again at --rate into a live ring the sidecar follows")
+    parser.add_argument("--starve", type=float, default=0.0, metavar="S",
+                        help="with --live: busy processes take the cores for S seconds, 2 s into the writing")
     options = parser.parse_args()
-    if options.drain:
-        return drain(options.drain, options.size)
-    if options.live:
-        return live(options.live, options.rate, options.size)
-    workdir = tempfile.mkdtemp(prefix="sok-sidecar-")
+    if options.starve and not options.live:
+        parser.error("--starve goes with --live")
+    with tempfile.TemporaryDirectory(prefix="sok-sidecar-") as workdir:  # its trace files: up to 512 MiB each
+        if options.drain:
+            return drain(options.drain, options.size, workdir)
+        if options.live:
+            return live(options.live, options.rate, options.size, options.starve, workdir)
+        return application(options, workdir)
+
+
+def application(options: argparse.Namespace, workdir: str) -> int:
+    """A real application making level-3 calls with its sidecar: what it reached, and what the receiver got."""
     server, endpoint = live_receiver()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off",
@@ -104,11 +115,11 @@ print(sok.trace_file_path())
 """
 
 
-def _fill(calls: int, size: str, env: dict) -> "str | None":
-    """The path of a trace file of `calls` level-3 calls written by a real application, with no sidecar."""
+def _fill(calls: int, size: str, env: dict, workdir: str) -> "str | None":
+    """The path of a trace file in `workdir` of `calls` level-3 calls written by a real application, with no sidecar."""
     env = dict(env, SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off",
                SGLANG_KERNEL_API_EXPORT_SIDECAR="0", SGLANG_KERNEL_API_TRACEFILE_SIZE=size,
-               SGLANG_KERNEL_API_TRACEFILE=os.path.join(tempfile.mkdtemp(prefix="sok-sidecar-"), "trace_%i.sgltrace"))
+               SGLANG_KERNEL_API_TRACEFILE=os.path.join(workdir, "trace_%i.sgltrace"))
     filled = subprocess.run([sys.executable, "-c", FILL, str(calls)], env=env, capture_output=True, text=True,
                             timeout=calls / 1000 + 300)
     if filled.returncode != 0:
@@ -147,10 +158,10 @@ def _sidecar(path: str, endpoint: str, env: dict) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def drain(calls: int, size: str) -> int:
+def drain(calls: int, size: str, workdir: str) -> int:
     """The sidecar's own rate: a ring of `calls` level-3 calls exported by `follow`, timed from its start."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
-    path = _fill(calls, size, env)
+    path = _fill(calls, size, env, workdir)
     if path is None:
         return 1
     server, endpoint = live_receiver()
@@ -204,13 +215,14 @@ print(len(records) // 2, time.perf_counter() - started, time.process_time(), flu
 """
 
 
-def live(calls: int, rate: float, size: str) -> int:
+def live(calls: int, rate: float, size: str, starve: float, workdir: str) -> int:
     """The sidecar following a live file: the records of `calls` real
     level-3 calls (written first) written again, as they were, into a ring
     of `size` at `rate` calls a second by a writer that does nothing else,
-    the sidecar started with it; its rate, reading included, and what it lost."""
+    the sidecar started with it; its rate, reading included, and what it
+    lost; with `starve`, through a slow spell of that many seconds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
-    source = _fill(calls, "512M", env)
+    source = _fill(calls, "512M", env, workdir)
     if source is None:
         return 1
     server, endpoint = live_receiver()
@@ -225,9 +237,14 @@ def live(calls: int, rate: float, size: str) -> int:
         started = time.perf_counter()
         writer.stdin.write("go\n")
         writer.stdin.flush()
+        if starve:
+            busy = ["sh", "-c", f"sleep 2; exec timeout {starve} {sys.executable} -c 'while 1: pass'"]
+            spell = [subprocess.Popen(busy) for _ in range((os.cpu_count() or 1) + 1)]
         written, seconds, writer_cpu = writer.stdout.readline().split()
         writer.stdin.close()
         writer.wait(timeout=60)
+        for process in spell if starve else ():
+            process.wait(timeout=starve + 60)
         first, last, _, (out, err) = _watch(server, sidecar, int(written), started)
         received = server.received()
         # CPU seconds: the sidecar's (the children's, less the writer's), this process's (mostly the receiver).
@@ -238,7 +255,7 @@ def live(calls: int, rate: float, size: str) -> int:
     lost = re.search(r"(\d+) records were overwritten before they were read", err)
     dropped = re.search(r"(\d+) dropped", out)
     # Delivered from the writer's first record to the back end's last span: the rate the whole path kept.
-    print(f"level 3, a live {size} ring: {written} calls written in {float(seconds):.2f} s = "
+    print(f"level 3, a live {size} ring{f', a {starve:g} s slow spell' if starve else ''}: {written} calls written in {float(seconds):.2f} s = "
           f"{int(written) / float(seconds):,.0f} calls/s (aiming at {rate:,.0f}); the sidecar lost "
           f"{lost.group(1) if lost else 0} records and dropped {dropped.group(1) if dropped else '?'} spans; the "
           f"receiver got {received} spans, the last {last[0] - started - float(seconds):.2f} s after the writer's "
