@@ -90,9 +90,11 @@ def test_the_page_wraps_its_text_names_wide_bars_and_lines_processes_up_on_one_a
     go = tmp_path / "a-ended"
     b = subprocess.Popen([sys.executable, "-c", ONE_PROCESS, "b.sgltrace", "sglang.custom_op.embedding", "crash",
                           str(go)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    a = subprocess.run([sys.executable, "-c", ONE_PROCESS, "a.sgltrace", "sglang.custom_op.rmsnorm", "exit"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    go.touch()
+    try:
+        a = subprocess.run([sys.executable, "-c", ONE_PROCESS, "a.sgltrace", "sglang.custom_op.rmsnorm", "exit"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    finally:
+        go.touch()  # b is never left waiting
     _, b_err = b.communicate(timeout=120)
     assert a.returncode == 0, a.stderr
     assert b.returncode == 134, b_err
