@@ -78,7 +78,7 @@ def main() -> int:
 def application(options: argparse.Namespace, workdir: str) -> int:
     """A real application making level-3 calls with its sidecar: what it reached, and what the receiver got."""
     server, endpoint = live_receiver()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = _own_env()
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off",
                SGLANG_KERNEL_API_TRACEFILE=os.path.join(workdir, "trace_%i.sgltrace"),
                SGLANG_KERNEL_API_TRACEFILE_SIZE=options.size, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
@@ -113,6 +113,11 @@ for _ in range(int(sys.argv[1])):
     kernel(x, w, eps=1e-5)
 print(sok.trace_file_path())
 """
+
+
+def _own_env() -> dict:
+    """This process's environment without the package's and OpenTelemetry's settings: each run sets its own."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
 
 
 def _fill(calls: int, size: str, env: dict, workdir: str) -> "str | None":
@@ -160,7 +165,7 @@ def _sidecar(path: str, endpoint: str, env: dict) -> subprocess.Popen:
 
 def drain(calls: int, size: str, workdir: str) -> int:
     """The sidecar's own rate: a ring of `calls` level-3 calls exported by `follow`, timed from its start."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = _own_env()
     path = _fill(calls, size, env, workdir)
     if path is None:
         return 1
@@ -221,7 +226,7 @@ def live(calls: int, rate: float, size: str, starve: float, workdir: str) -> int
     of `size` at `rate` calls a second by a writer that does nothing else,
     the sidecar started with it; its rate, reading included, and what it
     lost; with `starve`, through a slow spell of that many seconds."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env = _own_env()
     source = _fill(calls, "512M", env, workdir)
     if source is None:
         return 1
@@ -237,13 +242,12 @@ def live(calls: int, rate: float, size: str, starve: float, workdir: str) -> int
         started = time.perf_counter()
         writer.stdin.write("go\n")
         writer.stdin.flush()
-        if starve:
-            busy = ["sh", "-c", f"sleep 2; exec timeout {starve} {sys.executable} -c 'while 1: pass'"]
-            spell = [subprocess.Popen(busy) for _ in range((os.cpu_count() or 1) + 1)]
+        busy = ["sh", "-c", f"sleep 2; exec timeout {starve} {sys.executable} -c 'while 1: pass'"]
+        spell = [subprocess.Popen(busy) for _ in range((os.cpu_count() or 1) + 1)] if starve else []
         written, seconds, writer_cpu = writer.stdout.readline().split()
         writer.stdin.close()
         writer.wait(timeout=60)
-        for process in spell if starve else ():
+        for process in spell:
             process.wait(timeout=starve + 60)
         first, last, _, (out, err) = _watch(server, sidecar, int(written), started)
         received = server.received()
@@ -255,7 +259,8 @@ def live(calls: int, rate: float, size: str, starve: float, workdir: str) -> int
     lost = re.search(r"(\d+) records were overwritten before they were read", err)
     dropped = re.search(r"(\d+) dropped", out)
     # Delivered from the writer's first record to the back end's last span: the rate the whole path kept.
-    print(f"level 3, a live {size} ring{f', a {starve:g} s slow spell' if starve else ''}: {written} calls written in {float(seconds):.2f} s = "
+    spelled = f", a {starve:g} s slow spell" if starve else ""
+    print(f"level 3, a live {size} ring{spelled}: {written} calls written in {float(seconds):.2f} s = "
           f"{int(written) / float(seconds):,.0f} calls/s (aiming at {rate:,.0f}); the sidecar lost "
           f"{lost.group(1) if lost else 0} records and dropped {dropped.group(1) if dropped else '?'} spans; the "
           f"receiver got {received} spans, the last {last[0] - started - float(seconds):.2f} s after the writer's "
