@@ -190,7 +190,7 @@ def _report(options) -> int:
         sys.stdout.write(render_text(report))
     suspects = any(verdict["suspects"] for verdict in report["cross_rank_jobs"])
     faulted = any(fault["exception"] for fault in report["device_faults"])
-    if report["crashed"] or report["failed"] or suspects or faulted:
+    if report["crashed"] or report["failed"] or report["failed_batches"] or suspects or faulted:
         return 1
     return 3 if report["first_nonfinite_output"] else 0
 

@@ -381,6 +381,8 @@ typedef struct {
      * its Graph, the thread-local whose `attributes` an integration sets, and
      * the list [pending replay, output check on]. */
     PyObject *graph_attribute, *replay_context, *replays;
+    /* The site's own attributes (the module a layer's call runs in), marshalled once, or NULL. */
+    PyObject *attributes;
     PyObject *dict;
     PyObject *weakrefs;
 } Recorded;
@@ -611,7 +613,7 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
     PyObject *writer = Py_NewRef(core.writer);
     Ring *ring = (Ring *)Py_NewRef((PyObject *)core.ring);
     PyObject *trace = NULL, *call = NULL, *result = NULL;
-    PyObject *extra = NULL; /* a replay's attributes, marshalled */
+    PyObject *extra = NULL; /* a replay's attributes, or the site's, marshalled */
     unsigned long long seq;
     unsigned kind_flags = 0;
     PyObject *then = NULL; /* what runs the kernel instead, once this core let go of its references */
@@ -647,6 +649,8 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         if (!replay_fields(self, args, nargsf, &extra, &seq))
             goto slow;
         kind_flags = FLAG_GRAPH_REPLAY;
+    } else if (self->attributes != NULL) {
+        extra = Py_NewRef(self->attributes);
     }
     flags |= core.span_flags | kind_flags;
     uint64_t span_id = random64();
@@ -771,21 +775,30 @@ release:
 }
 
 static int recorded_init(Recorded *self, PyObject *args, PyObject *kwds) {
-    PyObject *function, *slow, *site, *name, *replay = Py_None;
+    PyObject *function, *slow, *site, *name, *replay = Py_None, *attributes = Py_None;
     long level;
-    if (!PyArg_ParseTuple(args, "OOOUl|O:Recorded", &function, &slow, &site, &name, &level, &replay))
+    if (!PyArg_ParseTuple(args, "OOOUl|OO:Recorded", &function, &slow, &site, &name, &level, &replay, &attributes))
         return -1;
+    if (attributes != Py_None && (!PyBytes_CheckExact(attributes) || PyBytes_GET_SIZE(attributes) > MAX_INLINE_EXTRA)) {
+        PyErr_Format(PyExc_ValueError, "Recorded: a site's attributes are marshal data of at most %d bytes",
+                     MAX_INLINE_EXTRA);
+        return -1;
+    }
     if (!PyCallable_Check(function) || !PyCallable_Check(slow) ||
         (replay != Py_None && (!PyTuple_Check(replay) || PyTuple_GET_SIZE(replay) != 3 ||
                                !PyUnicode_Check(PyTuple_GET_ITEM(replay, 0)) ||
                                !PyList_CheckExact(PyTuple_GET_ITEM(replay, 2))))) {
         PyErr_SetString(PyExc_TypeError, "Recorded(function, slow wrapper, site, name, level[, (graph attribute, "
-                                         "replay context, [pending replay, output check]) for a graph's replay])");
+                                         "replay context, [pending replay, output check]) for a graph's replay"
+                                         "[, the site's attributes, marshalled]])");
         return -1;
     }
     Py_CLEAR(self->graph_attribute);
     Py_CLEAR(self->replay_context);
     Py_CLEAR(self->replays);
+    Py_CLEAR(self->attributes);
+    if (attributes != Py_None && PyBytes_GET_SIZE(attributes))
+        self->attributes = Py_NewRef(attributes);
     if (replay != Py_None) {
         self->graph_attribute = Py_NewRef(PyTuple_GET_ITEM(replay, 0));
         self->replay_context = Py_NewRef(PyTuple_GET_ITEM(replay, 1));
@@ -819,6 +832,7 @@ static int recorded_clear(Recorded *self) {
     Py_CLEAR(self->graph_attribute);
     Py_CLEAR(self->replay_context);
     Py_CLEAR(self->replays);
+    Py_CLEAR(self->attributes);
     Py_CLEAR(self->dict);
     return 0;
 }

@@ -25,6 +25,8 @@ BLACKBOX = PREFIX + "blackbox"  # set by the reader on a call the black box reco
 # copied into a request trace of its batch: `<trace id>:<span id>` of the original.
 COPY_OF = PREFIX + "copy_of"
 NONFINITE_REQUESTS = PREFIX + "nonfinite_requests"  # level 5: the requests whose output rows hold NaN/Inf
+MODULE = PREFIX + "module"  # the model's module a call runs for, where it knows it: "model.layers.1.mlp.down_proj"
+OP_CLASS = PREFIX + "op_class"  # the op's class where one recorded method serves many: "RMSNorm", "SiluAndMul"
 
 # A collective or point-to-point op (capture/collectives.py), at every level.
 COLLECTIVE = "sglang.collective."

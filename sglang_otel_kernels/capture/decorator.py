@@ -437,7 +437,7 @@ def capturing(delta: int) -> None:
         core.native.set_capturing(_capturing)
 
 
-def _wrap_coroutine(func: F, site: KernelSite) -> F:
+def _wrap_coroutine(func: F, site: KernelSite, attributes: "dict | None") -> F:
     """The recorded version of a coroutine function: the call spans its
     whole await (in flight while it awaits, its exception, its result)."""
 
@@ -445,7 +445,7 @@ def _wrap_coroutine(func: F, site: KernelSite) -> F:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             return await func(*args, **kwargs)
-        call = site.begin(args, kwargs, _next_seq())
+        call = site.begin(args, kwargs, _next_seq(), attributes)
         token = awaited(call[0]) if call is not None and call[0] is not None else None
         try:
             result = await func(*args, **kwargs)
@@ -464,18 +464,21 @@ def _wrap_coroutine(func: F, site: KernelSite) -> F:
 
 
 def _wrap(func: F, name: str, level: int, before: Before | None = None, after: After | None = None,
-          replay: "tuple | None" = None) -> F:
-    """The recorded version of `func`, optionally with hooks (see `Before`, `After`, `wrap_hooked`)."""
+          replay: "tuple | None" = None, attributes: "dict | None" = None) -> F:
+    """The recorded version of `func`, optionally with hooks (see `Before`,
+    `After`, `wrap_hooked`) or with `attributes` of its own on every call
+    (see `rewrap`)."""
     site = KernelSite(func, name, level)
+    attributes = attributes or None
     if before is None and inspect.iscoroutinefunction(func):
-        return _wrap_coroutine(func, site)
+        return _wrap_coroutine(func, site, attributes)
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             return func(*args, **kwargs)
         if before is None:
-            extra, kind_flags, seq = None, 0, _next_seq()
+            extra, kind_flags, seq = attributes, 0, _next_seq()
         else:
             hooked = before(args, kwargs)
             if hooked is None:
@@ -530,14 +533,20 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
             raise
 
     setattr(wrapper, WRAPPED_MARKER, True)
+    plain = before is None and after is None and replay is None
+    if plain:  # what `rewrap` starts from
+        wrapper._kernel_site, wrapper._kernel_attributes = site, attributes  # type: ignore[attr-defined]
     if core.native is None or (replay is None and (before is not None or after is not None)):
         return wrapper  # type: ignore[return-value]
     # The compiled core records the calls of the bare path (and a graph's
     # replays, doing what its hooks do) and hands the others to `wrapper`. torch.compile traces `__original_fn` of an object
     # so marked (as torch.jit.script_if_tracing marks its wrappers): the
     # kernel itself, as through `wrapper`, which calls straight through then.
-    recorded = core.native.Recorded(func, wrapper, site, name, level, replay)
+    recorded = core.native.Recorded(func, wrapper, site, name, level, replay,
+                                    tracefile.encode(attributes) if attributes else None)
     functools.update_wrapper(recorded, func)
+    if plain:
+        recorded._kernel_site, recorded._kernel_attributes = site, attributes
     for key, value in ((WRAPPED_MARKER, True), ("__original_fn", func), ("__script_if_tracing_wrapper", True)):
         setattr(recorded, key, value)
     if hasattr(func, "__globals__"):  # where torch.library resolves the annotations of a custom op's function
@@ -563,6 +572,21 @@ def wrap_hooked(func: F, name: str, before: Before, after: After | None = None, 
     replay, output check on]), with which the compiled core records the
     replays the hooks would record alone, and updates the list as `after`."""
     return _wrap(func, name, _config.get_config().level, before, after, replay)
+
+
+def rewrap(recorded: Callable[..., Any], attributes: dict) -> "Callable[..., Any] | None":
+    """A new recorded version of the function a plain recorded wrapper
+    (`debug_kernel_api`'s) records, under the same name, whose every call
+    also carries `attributes` (text, numbers: what a layer knows of itself,
+    such as its module path) besides those it had, written with its start
+    at no cost per call. None when `recorded` is no such wrapper (hooked
+    ones included). A bound method gives an unbound wrapper of its function."""
+    site = getattr(recorded, "_kernel_site", None)
+    function = getattr(recorded, "__wrapped__", None)
+    if not isinstance(site, KernelSite) or function is None:
+        return None
+    return _wrap(function, site.name, site.level,
+                 attributes={**(getattr(recorded, "_kernel_attributes", None) or {}), **attributes})
 
 
 @overload

@@ -16,6 +16,14 @@ recorded like torch.distributed's (capture/collectives.py), and the
 scheduler's ranks (tp, pp, dp, ep, attention tp/dp) go into the trace file
 and the resource.
 
+Beyond what SGLang decorates, the ops that real crashes happen in and SGLang
+does not decorate are recorded too (`UNDECORATED_OPS`: the embedding lookup,
+where an out-of-vocabulary token fails, the logits processor, the sampler);
+each fused op's span names its class (`sglang.kernel.op_class`: all of them
+run as `BaseFusedOp.forward`), and once the model is loaded each layer's call
+names its module (`sglang.kernel.module`, `model.layers.1.mlp.down_proj`),
+fixed per layer when it is named, so a call costs nothing more.
+
 Install it before SGLang is imported: `sglang-otel-kernels run -- python -m
 sglang.launch_server ...` does so in every process of the server (its
 spawned scheduler and worker processes included).
@@ -27,6 +35,7 @@ import functools
 import importlib
 import os
 import sys
+import types
 from typing import Any, Callable
 
 from .. import config as _config
@@ -42,6 +51,19 @@ RUNTIME_CONTEXT_MODULE = "sglang.srt.runtime_context"
 GRAPH_RUNNERS = {"sglang.srt.model_executor.runner.decode_cuda_graph_runner": "DecodeCudaGraphRunner",
                  "sglang.srt.model_executor.runner.prefill_cuda_graph_runner": "PrefillCudaGraphRunner"}
 GRAPH_BACKEND_MODULE = "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend"
+FUSED_OP_MODULE = "sglang.kernels.fused_op"
+MODEL_RUNNER_MODULE = "sglang.srt.model_executor.model_runner"
+# Where crashes happen that SGLang's logger does not see (0.5.23): the
+# embedding lookup (an out-of-vocabulary token: IndexError on the CPU, a
+# device-side assert on a GPU), the logits and the sampler. Named as SGLang
+# names its quant methods' calls, or as it infers a name (None).
+UNDECORATED_OPS = {
+    "sglang.srt.layers.quantization.unquant:UnquantizedEmbeddingMethod.embedding":
+        "sglang.quant_method.UnquantizedEmbeddingMethod.embedding",
+    "sglang.srt.layers.logits_processor:LogitsProcessor.forward": None,
+    "sglang.srt.layers.sampler:Sampler.forward": None,
+}
+QUANT_METHODS = ("apply", "embedding")  # a layer's quant method's recorded calls, named after the layer
 MAX_REPLAY_REQUESTS = 64  # request ids a replay's span names (its batch span names them all)
 NAMES = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
 BATCH_SPAN = "sglang.forward_batch"
@@ -67,6 +89,13 @@ def install() -> Instrumentation:
     for module, runner in GRAPH_RUNNERS.items():
         handle.on_undo(import_hooks.when_imported(module, functools.partial(_patch_runner, handle, runner)))
     handle.on_undo(import_hooks.when_imported(GRAPH_BACKEND_MODULE, functools.partial(_patch_graph_backend, handle)))
+    if _config.get_config().level > 0:
+        from ..capture.paths import instrument
+
+        for path, name in UNDECORATED_OPS.items():
+            handle.on_undo(instrument(path, op_name=name).undo)
+        handle.on_undo(import_hooks.when_imported(FUSED_OP_MODULE, functools.partial(_patch_fused_ops, handle)))
+        handle.on_undo(import_hooks.when_imported(MODEL_RUNNER_MODULE, functools.partial(_patch_model_runner, handle)))
     _installed = handle
     return handle
 
@@ -268,3 +297,104 @@ def _then_learn_ranks(original: Callable) -> Callable:
         return result
 
     return call
+
+
+def _patch_fused_ops(handle: Instrumentation, module: Any) -> None:
+    """Each subclass of `BaseFusedOp` made from now on (RMSNorm, SiluAndMul,
+    RotaryEmbedding, ...) gets the base's recorded `forward` under the same
+    name with its class as `sglang.kernel.op_class`: SGLang decorates the
+    base's method once, so every fused op's call reads `BaseFusedOp.forward`."""
+    from ..capture.decorator import rewrap
+    from ..schema import OP_CLASS
+
+    base = getattr(module, "BaseFusedOp", None)
+    forward = vars(base).get("forward") if isinstance(base, type) else None
+    if getattr(forward, "_kernel_site", None) is None:
+        return
+    ours = {forward}  # the recorded forwards a subclass may inherit and still get its own
+    previous = vars(base).get("__init_subclass__")
+
+    def __init_subclass__(cls, **kwargs):
+        if isinstance(previous, classmethod):
+            previous.__func__(cls, **kwargs)
+        else:
+            super(base, cls).__init_subclass__(**kwargs)
+        if getattr(cls, "forward", None) not in ours:
+            return  # it has a forward of its own
+        try:
+            named = rewrap(forward, {OP_CLASS: cls.__name__})
+        except Exception as exc:  # the class stands, recorded under the base's name alone
+            warn_failed_once("naming a fused op's class", exc)
+            return
+        if named is not None:
+            ours.add(named)
+            handle.add(Patch(cls, "forward", named))
+
+    handle.add(Patch(base, "__init_subclass__", classmethod(__init_subclass__)))
+
+
+def _patch_model_runner(handle: Instrumentation, module: Any) -> None:
+    """`ModelRunner.load_model`: once the model is loaded, its layers' calls
+    are named after their modules (`label_modules`)."""
+    runner = getattr(module, "ModelRunner", None)
+    original = vars(runner).get("load_model") if isinstance(runner, type) else None
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def load_model(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        try:
+            label_modules(handle, [("", getattr(self, "model", None)), ("sampler", getattr(self, "sampler", None))])
+        except Exception as exc:  # the model serves, its calls unnamed
+            warn_failed_once("naming the model's layers on their kernel calls", exc)
+        return result
+
+    handle.add(Patch(runner, "load_model", load_model))
+
+
+def label_modules(handle: Instrumentation, roots: "list[tuple[str, Any]]") -> int:
+    """Every recorded call a module of `roots` ((path prefix, torch module))
+    makes, its own `forward` or its quant method's `apply` / `embedding`,
+    carries the module's path (`sglang.kernel.module`) from now on: each
+    gets a recorded version of its own, made here once. A module or quant
+    method shared by several paths (one rotary embedding for every layer)
+    is left as it is: which one a call serves is not known. Returns how
+    many were named."""
+    import torch
+
+    from ..capture.decorator import rewrap
+    from ..schema import MODULE
+
+    layers: dict[int, tuple[Any, list[str]]] = {}
+    methods: dict[int, tuple[Any, list[str]]] = {}
+    for prefix, root in roots:
+        if not isinstance(root, torch.nn.Module):
+            continue
+        for path, layer in root.named_modules(prefix=prefix, remove_duplicate=False):
+            if not path:
+                continue
+            layers.setdefault(id(layer), (layer, []))[1].append(path)
+            method = getattr(layer, "quant_method", None)
+            if method is not None:
+                methods.setdefault(id(method), (method, []))[1].append(path)
+    named = 0
+    for layer, paths in layers.values():
+        forward = getattr(type(layer), "forward", None)
+        if len(paths) == 1 and "forward" not in vars(layer) and getattr(forward, "_kernel_site", None) is not None:
+            own = rewrap(forward, {MODULE: paths[0]})
+            if own is not None:
+                handle.add(Patch(layer, "forward", types.MethodType(own, layer)))
+                named += 1
+    for method, paths in methods.values():
+        if len(paths) != 1:
+            continue
+        for name in QUANT_METHODS:
+            bound = getattr(method, name, None)
+            own = rewrap(bound, {MODULE: paths[0]}) if getattr(bound, "_kernel_site", None) is not None else None
+            if own is None:
+                continue
+            # SGLang wraps `apply` on the object (a bound method's wrapper); the class's methods bind here.
+            handle.add(Patch(method, name, own if name in vars(method) else types.MethodType(own, method)))
+            named += 1
+    return named

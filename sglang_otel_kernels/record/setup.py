@@ -12,6 +12,7 @@ import atexit
 import faulthandler
 import functools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +38,7 @@ _watching = False
 _recorders: "weakref.WeakSet" = weakref.WeakSet()
 _sidecars: set = set()  # the trace files a sidecar of this process follows
 _faulthandler_file = None
+_faulthandler_theirs = False  # the application had enabled faulthandler before our first file: it keeps it
 _writer_settings: "tuple | None" = None  # those of the current writer (follow_trace_file)
 
 
@@ -329,10 +331,16 @@ def _start_sidecar(trace_path: str, hang_seconds: float) -> None:
 
 def _enable_faulthandler(trace_path: str) -> None:
     """Python's traceback on SIGSEGV/SIGBUS/SIGABRT/SIGFPE/SIGILL, beside the
-    trace file. An application that enabled faulthandler itself keeps it."""
-    global _faulthandler_file
-    if faulthandler.is_enabled() and _faulthandler_file is None:
-        return
+    trace file (an application that enabled faulthandler itself keeps it),
+    and on SIGTERM, so that a process stopped on purpose (systemd, a
+    launcher stopping its children) reads as stopped, not dead: faulthandler
+    writes its threads' stacks with no "Fatal Python error" line, then
+    SIGTERM does what it did before (ends the process, or runs the
+    application's handler). An application that sets a SIGTERM handler of
+    its own later replaces this one, and handles its stop itself."""
+    global _faulthandler_file, _faulthandler_theirs
+    if _faulthandler_file is None:
+        _faulthandler_theirs = faulthandler.is_enabled()
     try:
         # Never through a link, never a FIFO; the writer moved an earlier
         # run's traceback aside with its trace file.
@@ -340,7 +348,10 @@ def _enable_faulthandler(trace_path: str) -> None:
         fd = files.open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW)
         os.fchmod(fd, 0o600)  # whatever the umask, and for a file that existed
         new_file = os.fdopen(fd, "w")
-        faulthandler.enable(file=new_file, all_threads=True)
+        if not _faulthandler_theirs:
+            faulthandler.enable(file=new_file, all_threads=True)
+        if hasattr(faulthandler, "register"):
+            faulthandler.register(signal.SIGTERM, file=new_file, all_threads=True, chain=True)
     except (OSError, ValueError, RuntimeError) as exc:
         warn(f"cannot enable faulthandler ({exc})")
         return
@@ -362,7 +373,10 @@ def _remove_empty_traceback() -> None:
         mine = os.fstat(handle.fileno())
         if mine.st_size:
             return
-        faulthandler.disable()
+        # SIGTERM stays registered: unregistering would put back the handler from before it,
+        # over one the application may have set since.
+        if not _faulthandler_theirs:
+            faulthandler.disable()
         there = os.stat(path, follow_symlinks=False)
         if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
             os.unlink(path)

@@ -17,9 +17,11 @@ import time
 from typing import Any
 
 from ..schema import COLLECTIVE_OP
+from .batch_failures import failure_sentence, requests_text
 from .ranks import ending_text
 from .reader import RecoveredSpan, TraceFileContents
-from .report import build_report, call_lines, call_summary, fault_lines, is_kernel, produced_nonfinite, render_text
+from .report import (batch_lines, build_report, call_lines, call_summary, fault_lines, is_kernel, produced_nonfinite,
+                     render_text)
 
 MAX_CALLS_PER_TRACK = 200  # the newest calls of each thread: what happened just before the end
 
@@ -156,7 +158,11 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
     first_bad = min(((s.start_time, s.span_id) for c in contents for s in c.spans
                      if is_kernel(s) and produced_nonfinite(s)), default=(0, None))[1]
     suspects = sum(len(job["suspects"]) for job in report.get("cross_rank_jobs") or ())
-    if report["crashed"]:
+    at_death = report.get("batches_at_death") or []
+    if report["crashed"] and not any(call["in_flight_in_dead_process"] for call in report["in_flight"]) and at_death:
+        verdict = ("crashed", f"CRASHED: the process died while its batch {at_death[0]['name']} served "
+                   f"{requests_text(at_death[0]['request_ids'])}, between kernel calls")
+    elif report["crashed"]:
         endings = {info.get("fatal_signal") for info in report["files"] if info.get("state") == "died"}
         verdict = ("crashed", "CRASHED: a kernel call was running when the process died"
                    + (ending_text(endings.pop()) if len(endings) == 1 else ""))
@@ -165,6 +171,8 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
         verdict = ("failed", "died after a CUDA graph replay: its kernels may have been running on the GPU")
     elif suspects:
         verdict = ("crashed", f"{suspects} suspect rank(s): see the verdict of the ranks below")
+    elif report.get("failed_batches"):
+        verdict = ("failed", "FAILED: the " + failure_sentence(report["failed_batches"][0]))
     elif report["failed"]:
         verdict = ("failed", f"{len(report['failed'])} failed call(s)")
     elif any(job.get("waiting_for") for job in report.get("cross_rank_jobs") or ()):
@@ -199,6 +207,10 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
             f'replay returned; its kernels may still have been running on the GPU:\n'
             f'{html.escape(chr(10).join(call_lines(call)))}</div>'
             for call in report.get("graph_replay_at_death") or () if call["file"] == content.path)
+        crashed += "".join(
+            f'<div class="in-flight-call">{"Running when the process died" if batch["state"] == "running" else "Failed"}'
+            f':\n{html.escape(chr(10).join(batch_lines(batch)))}</div>'
+            for batch in [*at_death, *(report.get("failed_batches") or ())] if batch["file"] == content.path)
         crashed += "".join(
             f'<div class="in-flight-call device-fault">{html.escape(chr(10).join(fault_lines(fault)))}</div>'
             for fault in report.get("device_faults") or () if (fault["call"] or {}).get("file") == content.path)

@@ -34,6 +34,8 @@ from ..schema import (COLLECTIVE_GROUP as GROUP, COLLECTIVE_GROUP_RANKS as GROUP
                       COLLECTIVE_OP as OP, COLLECTIVE_OUTPUT_DTYPES as OUTPUT_DTYPES,
                       COLLECTIVE_OUTPUT_SHAPES as OUTPUT_SHAPES, COLLECTIVE_PEER as PEER, COLLECTIVE_REDUCE_OP as REDUCE_OP,
                       COLLECTIVE_ROOT as ROOT, COLLECTIVE_SEQ as SEQ, COLLECTIVE_TAG as TAG, NAME, RECVS, SENDS)
+from .batch_failures import (after_failure, after_failure_text, exception_of, failed_call_in, innermost_frames, is_batch,
+                             request_ids, requests_text, where_text)
 from .reader import RecoveredSpan, TraceFileContents
 # Ops whose tensors may differ in size from rank to rank (uneven splits).
 _UNEVEN = ("all_to_all", "all_to_all_single", "all_gatherv", "reduce_scatterv")
@@ -84,10 +86,11 @@ FROZEN_NS = int(5e9)
 
 
 def state_of(contents: TraceFileContents, now: int) -> str:
-    """running, frozen (alive, its heartbeat stopped), ended (exited normally) or died."""
+    """running, frozen (alive, its heartbeat stopped), ended (exited normally),
+    stopped (ended by the SIGTERM it recorded: on purpose) or died."""
     if contents.live:
         return "frozen" if contents.heartbeat and now - contents.heartbeat > FROZEN_NS else "running"
-    return "ended" if contents.exited else "died"
+    return "ended" if contents.exited else "stopped" if contents.fatal_signal == "SIGTERM" else "died"
 
 
 def silent_stack(contents: TraceFileContents, kernels: list[RecoveredSpan]) -> "tuple | None":
@@ -125,6 +128,9 @@ class RankFile:
         self.stack = silent_stack(contents, self.kernels)
         self.in_flight = [span for span in self.kernels if span.in_flight]
         self.failed = [span for span in self.kernels if not span.in_flight and span.status_code == "ERROR"]
+        batches = [span for span in contents.spans if NAME not in span.attributes and is_batch(span)]
+        self.failed_batches = [span for span in batches if not span.in_flight and span.status_code == "ERROR"]
+        self.batches_in_flight = [span for span in batches if span.in_flight]
         # (group, ranks) or ("p2p", group, ranks, src, dst, tag) -> {seq: span}
         self.collectives: dict[tuple, dict[int, RecoveredSpan]] = defaultdict(dict)
         for span in self.kernels:
@@ -493,13 +499,31 @@ class _Verdict:
                                  f"which {_ranks_text(waiters)} entered and failed in")
             return "; it " + "; it ".join(parts[:3]) if parts else ""
 
-        # 1. Died in, or raised from, a kernel that is no collective: first by time.
+        # 1. Died in, or raised from, a kernel that is no collective, or in a batch: first by time.
         for rank in self.ranks.values():
             kernels = [s for s in rank.in_flight if OP not in s.attributes]
             call = rank.innermost(kernels)
+            batch = rank.innermost(rank.batches_in_flight)
+            serving = f" serving {requests_text(request_ids(batch))}" if batch is not None else ""
             if call is not None and rank.state == "died":
-                reason, words = self._death(rank, call, call.name)
+                reason, words = self._death(rank, call, call.name + serving)
                 add((1, call.start_time), rank, reason, call, f"rank {rank.rank} {words}{also(rank)}")
+                continue
+            if batch is not None and rank.state == "died" and not rank.in_flight:
+                unsaid = ending_text(rank.contents.fatal_signal)
+                add((1, batch.start_time), rank, "died", batch,
+                    f"rank {rank.rank} died{unsaid} while its batch {batch.name} served "
+                    f"{requests_text(request_ids(batch))} (running {_seconds_text(rank.seconds(batch))}, between "
+                    f"kernel calls){also(rank)}")
+                continue
+            failed = min(rank.failed_batches, key=lambda s: s.end_time or 0, default=None)
+            if failed is not None:
+                inside = failed_call_in(failed, rank.contents.spans)
+                exception = exception_of(failed)
+                frames = innermost_frames(exception["stacktrace"]) if exception else []
+                add((1, failed.end_time or failed.start_time), rank, "raised", inside or failed,
+                    f"rank {rank.rank}'s batch {failed.name} ({requests_text(request_ids(failed))}) failed in "
+                    f"{where_text(inside, frames)}: {failed.status_description}{also(rank)}")
                 continue
             raised = min((s for s in rank.failed if OP not in s.attributes), key=lambda s: s.end_time or 0, default=None)
             if raised is not None:
@@ -639,7 +663,8 @@ class _Verdict:
             ranks.append({
                 "rank": number, "pid": rank.pid, "host": rank.contents.metadata.get("host"),
                 "file": rank.path, "state": rank.state,
-                "fatal_signal": rank.contents.fatal_signal if rank.state == "died" else None,
+                "fatal_signal": rank.contents.fatal_signal if rank.state in ("died", "stopped") else None,
+                "after_failure": after_failure(rank.contents),
                 "ranks": {k: v for k, v in (rank.contents.metadata.get("ranks") or {}).items() if k != "job"},
                 "in_flight": [{"name": s.name, "seconds": round(rank.seconds(s), 1),
                                "collective": _op_text(s) if OP in s.attributes else None}
@@ -674,7 +699,8 @@ def render(verdict: dict) -> list[str]:
     for rank in verdict["ranks"]:
         doing = "; ".join(f"in {c['collective'] or c['name']} for {c['seconds']} s" for c in rank["in_flight"][-2:])
         last = ", ".join(f"{v['op']} #{v['seq']} of {g} ({v['state']})" for g, v in rank["last_collectives"].items())
-        lines.append(f"  rank {rank['rank']}: {rank['state']}{ending_text(rank.get('fatal_signal'))}, pid {rank['pid']}, "
+        lines.append(f"  rank {rank['rank']}: {rank['state']}{after_failure_text(rank.get('after_failure'))}"
+                     f"{ending_text(rank.get('fatal_signal'))}, pid {rank['pid']}, "
                      f"{os.path.basename(rank['file'])}"
                      + (f"; {doing}" if doing else "") + (f"; last collective {last}" if last else ""))
     for entry in verdict["collectives"]:

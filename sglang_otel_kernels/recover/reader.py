@@ -160,16 +160,20 @@ def said_ending(spans: list[RecoveredSpan]) -> str | None:
         said = span.attributes.get(FATAL_SIGNAL) if span.in_flight else None
         if said == "none":
             return ""
-        if said in _FATAL_WORDS.values() or said == "a fatal signal":
+        if said in _FATAL_WORDS.values() or said in ("a fatal signal", "SIGTERM"):
             return said
     return None
 
 
 def fatal_signal(path: str) -> str:
     """The fatal signal named by the newest dump of the traceback file of
-    the trace file at `path` ("a fatal signal" when it names none we know)."""
+    the trace file at `path` ("a fatal signal" when it names none we know);
+    SIGTERM for a dump without faulthandler's "Fatal Python error" line:
+    the only signal the recorder registers it for (record/setup.py)."""
     text = read_text(fmt.traceback_path(path), limit=1 << 16)
-    words = text.rsplit("Fatal Python error: ", 1)[-1].split("\n", 1)[0].strip() if "Fatal Python error: " in text else ""
+    if "Fatal Python error: " not in text:
+        return "SIGTERM" if text.strip() else "a fatal signal"
+    words = text.rsplit("Fatal Python error: ", 1)[-1].split("\n", 1)[0].strip()
     return _FATAL_WORDS.get(words, "a fatal signal")
 
 

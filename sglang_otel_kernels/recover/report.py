@@ -11,8 +11,10 @@ from typing import Any
 from ..config import DEFAULT_HANG_SECONDS
 from ..record.tracefile import traceback_path
 from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE,
-                      GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, NAME, NONFINITE_REQUESTS, PREFIX, REPLAY_NAME,
-                      REQUEST_ID, SEQ)
+                      GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, MODULE, NAME, NONFINITE_REQUESTS, OP_CLASS, PREFIX,
+                      REPLAY_NAME, REQUEST_ID, SEQ)
+from .batch_failures import (after_failure, after_failure_text, batch_summary, failure_sentence, frames_text, is_batch,
+                             requests_text)
 from .digest import Digest, add_counts, digest, produced_nonfinite
 from .ranks import cross_rank, ending_text, rank_of, state_of, timestamp
 from .ranks import render as render_verdict
@@ -101,6 +103,10 @@ def _requests_of(span: RecoveredSpan, by_id: dict[int, RecoveredSpan]) -> dict[s
     return None
 
 
+def _text_or_none(value: Any) -> "str | None":
+    return value if isinstance(value, str) else None
+
+
 def process_of(contents: TraceFileContents) -> dict[str, Any]:
     """Who wrote a file: its pid, its global rank when known, the file."""
     return {"pid": contents.metadata.get("pid"), "rank": rank_of(contents), "file": contents.path}
@@ -127,6 +133,8 @@ def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents:
         "state": "running" if span.in_flight else STATES.get(span.status_code, str(span.status_code).lower()),
         "description": span.status_description,
         "seq": span.attributes.get(SEQ),
+        "module": _text_or_none(span.attributes.get(MODULE)),
+        "op_class": _text_or_none(span.attributes.get(OP_CLASS)),
         "inputs": _grouped(span, INPUT_PREFIX, INPUT_PREFIX),  # arg0, eps
         "outputs": _grouped(span, OUTPUT_PREFIX, PREFIX),  # output, output.0
         "dump_dir": span.attributes.get(DUMP_DIR),
@@ -169,7 +177,7 @@ GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON an
 
 # The version of `report --json`'s document (docs/report-json.md): raised
 # with each change a reader of the JSON must know of, with the package's.
-REPORT_SCHEMA = 2
+REPORT_SCHEMA = 3
 
 
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
@@ -184,7 +192,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     contents = [item.contents for item in digests]
     by_id = {span.span_id: span for content in contents for span in content.spans}
     # Only what is shown is sorted across files.
-    in_flight_spans, failed_spans, ended, other_in_flight, nonfinite = [], [], [], [], []
+    in_flight_spans, failed_spans, ended, other_in_flight, nonfinite, failed_batches = [], [], [], [], [], []
     summary: dict[str, list] = {}  # name -> [calls, errors, in flight, total ns]
     for item in digests:
         content = item.contents
@@ -194,6 +202,8 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
             if NAME not in span.attributes:
                 if span.in_flight:
                     other_in_flight.append((span, content))
+                elif span.status_code == "ERROR" and is_batch(span):
+                    failed_batches.append((span, content))
             elif span.in_flight:
                 in_flight_spans.append((span, content))
             else:
@@ -208,9 +218,19 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     first_bad = min(nonfinite, key=by_start, default=None)
     in_flight = [dict(call_summary(s, by_id, f, now), in_flight_in_dead_process=not f.live)
                  for s, f in sorted(in_flight_spans, key=by_start)]
+    # A process stopped on purpose (the SIGTERM it recorded) left its calls in flight: no crash.
+    crashed = any(not f.live and state_of(f, now) != "stopped" for _, f in in_flight_spans)
     at_death = [dict(call_summary(s, by_id, c, now), seconds_before_death=round((c.last_alive - s.end_time) / 1e9, 1))
                 for c in contents if (s := replay_at_death(c)) is not None]
     failed = [call_summary(s, by_id, f, now) for s, f in sorted(failed_spans, key=by_start)]
+    batches_failed = [batch_summary(s, c, process_of(c), timestamp(s.start_time))
+                      for s, c in sorted(failed_batches, key=by_start)]
+    # A batch still running when its process died: the requests it served, whether a kernel ran or not.
+    batches_at_death = [dict(batch_summary(s, c, process_of(c), timestamp(s.start_time)),
+                             seconds=round(max(c.last_alive - s.start_time, 0) / 1e9, 1),
+                             kernel_in_flight=any(k.in_flight and NAME in k.attributes for k in c.spans))
+                        for s, c in sorted(other_in_flight, key=by_start)
+                        if is_batch(s) and not c.live and state_of(c, now) == "died"]
     tracebacks = {}
     for content in contents:
         text = read_text(traceback_path(content.path)).strip()
@@ -223,16 +243,20 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
         "cross_rank_jobs": jobs,
         "files": [
             {"path": c.path, "format_version": c.format_version, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"), "running": c.live,
-             "state": state_of(c, now), "fatal_signal": c.fatal_signal if state_of(c, now) == "died" else None,
+             "state": state_of(c, now),
+             "fatal_signal": c.fatal_signal if state_of(c, now) in ("died", "stopped") else None,
+             "after_failure": after_failure(c),
              "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
              "spans": item.spans, "problems": c.problems}
             for item, c in zip(digests, contents)
         ],
-        "crashed": any(call["in_flight_in_dead_process"] for call in in_flight),
+        "crashed": crashed or bool(batches_at_death),
         "running": any(c.live for c in contents),
         "in_flight": in_flight,
         "graph_replay_at_death": at_death,
         "failed": failed,
+        "failed_batches": batches_failed,
+        "batches_at_death": batches_at_death,
         "last_calls": [call_summary(s, by_id, f, now) for s, f in ended[-last:]] if last > 0 else [],
         "first_nonfinite_output": None if first_bad is None else call_summary(first_bad[0], by_id, first_bad[1], now),
         "tracebacks": tracebacks,
@@ -244,6 +268,24 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
         ],
         "device_faults": [],  # from CUDA core dumps given beside the files (recover/device_faults.py)
     }
+
+
+def batch_lines(batch: dict[str, Any], indent: str = "  ") -> list[str]:
+    """A failed or cut-short batch: where, its requests, its exception and innermost frames."""
+    lines = [f"{indent}{batch['name']}  ({process_text(batch)}; started {batch['start']})",
+             f"{indent}  serving {requests_text(batch['request_ids'])}"]
+    if batch.get("seconds") is not None:
+        lines.append(f"{indent}  running for {batch['seconds']} s when the process was last alive; " +
+                     ("a kernel call was in flight (above)" if batch.get("kernel_in_flight") else
+                      "no kernel call in flight: it died between kernels (the engine's own Python)"))
+    if batch["exception"]:
+        lines.append(f"{indent}  raised {batch['exception']['type']}: {batch['exception']['message']}")
+    if batch["failed_call"]:
+        lines.append(f"{indent}  in the kernel call {batch['where']}")
+    if batch["frames"]:
+        lines.append(f"{indent}  innermost frames: {frames_text(batch['frames'], len(batch['frames']))}")
+    lines.append(f"{indent}  trace {batch['trace_id']}")
+    return lines
 
 
 def replay_at_death(contents: TraceFileContents) -> RecoveredSpan | None:
@@ -270,6 +312,10 @@ def process_text(call: dict[str, Any]) -> str:
 def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
     seq = f", seq {call['seq']}" if call["seq"] is not None else ""
     lines = [f"{indent}{call['name']}  ({process_text(call)}; thread {call['thread']}, started {call['start']}{seq})"]
+    layer = ", ".join(f"{label} {call[key]}" for label, key in (("module", "module"), ("op", "op_class"))
+                      if call.get(key))
+    if layer:
+        lines.append(f"{indent}  {layer}")
     if call.get("seconds") is not None:
         lines.append(f"{indent}  running for {call['seconds']} s" if not call.get("in_flight_in_dead_process")
                      else f"{indent}  in flight for {call['seconds']} s when the process was last alive")
@@ -351,24 +397,43 @@ def fault_lines(fault: dict[str, Any]) -> list[str]:
 
 def render_text(report: dict[str, Any]) -> str:
     out: list[str] = []
-    for verdict in report.get("cross_rank_jobs") or ():  # the sentence that says it comes first
+    verdicts = report.get("cross_rank_jobs") or ()
+    if not any(verdict["suspects"] for verdict in verdicts):  # else the verdict's sentence says it first
+        batches = report.get("batches_at_death") or []
+        if batches:
+            batch = batches[0]
+            out.append(f"the process died while its batch {batch['name']} served {requests_text(batch['request_ids'])}"
+                       f" (running {batch['seconds']} s)")
+        elif report.get("failed_batches"):
+            out.append("the " + failure_sentence(report["failed_batches"][0]))
+        if out:
+            out.append("")
+    for verdict in verdicts:  # the sentence that says it comes first
         out.extend(render_verdict(verdict))
         out.append("")
     for info in report["files"]:
         ranks = ", ".join(f"{k}={v}" for k, v in info["ranks"].items()) or "no rank"
+        after = after_failure_text(info.get("after_failure"))
         state = ", still running" if info["running"] else \
-            f", died{ending_text(info['fatal_signal'])}" if info.get("state") == "died" else ""
+            f", {info['state']}{after}{ending_text(info['fatal_signal'])}" if info.get("state") in ("died", "stopped") else \
+            f", ended{after}" if after else ""
         out.append(f"{info['path']}: pid {info['pid']} on {info['host']}, {ranks}, {info['spans']} spans{state}")
         out.extend(f"  warning: {problem}" for problem in info["problems"])
     if report.get("skipped_processes"):
         out.append(f"(skipped {report['skipped_processes']} process(es) of OTLP JSON files without kernel calls: "
                    "another service's spans, such as Jaeger's own)")
     out.append("")
-    dead = [call for call in report["in_flight"] if call["in_flight_in_dead_process"]]
+    stopped = {info["path"] for info in report["files"] if info.get("state") == "stopped"}
+    dead = [call for call in report["in_flight"] if call["in_flight_in_dead_process"] and call["file"] not in stopped]
+    halted = [call for call in report["in_flight"] if call["in_flight_in_dead_process"] and call["file"] in stopped]
     running = [call for call in report["in_flight"] if not call["in_flight_in_dead_process"]]
     if dead:
         out.append(f"CRASHED: {len(dead)} kernel call(s) were running when the process died:")
         for call in dead:
+            out.extend(call_lines(call))
+    if halted:
+        out.append(f"STOPPED: {len(halted)} kernel call(s) were running when the process was stopped (SIGTERM):")
+        for call in halted:
             out.extend(call_lines(call))
     if running:
         out.append(f"RUNNING: the writing process is alive; {len(running)} kernel call(s) running now:")
@@ -378,6 +443,9 @@ def render_text(report: dict[str, Any]) -> str:
     if not report["in_flight"] and report["files"]:
         out.append("No kernel call was running when the file was last written" +
                    (" (no crash inside a kernel)." if not at_death else ", but a CUDA graph's kernels may have been:"))
+    for batch in report.get("batches_at_death") or ():
+        out.append("Batch running when the process died:")
+        out.extend(batch_lines(batch))
     for call in at_death:
         out.append(f"  the process died {call['seconds_before_death']} s after this CUDA graph replay returned (a "
                    "replay only launches the graph: its kernels run on the GPU after it returns):")
@@ -393,6 +461,10 @@ def render_text(report: dict[str, Any]) -> str:
             head = f"  {name} ({len(traces)}): trace{'s' if len(traces) > 1 else ''} "
             out.extend(textwrap.wrap(head + ", ".join(traces), 110, subsequent_indent=" " * 6,
                                      break_long_words=False, break_on_hyphens=False))
+    if report.get("failed_batches"):
+        out += ["", f"Failed batches ({len(report['failed_batches'])}):"]
+        for batch in report["failed_batches"]:
+            out.extend(batch_lines(batch))
     if report["failed"]:
         out += ["", f"Failed calls ({len(report['failed'])}):"]
         for call in report["failed"]:

@@ -1,0 +1,141 @@
+"""A serving engine's batch span (SGLang's `sglang.forward_batch`) that
+ended in an exception, or was still running when its process died: a
+failure like a kernel call's, whatever op it failed in, recorded or not.
+The op is the failed kernel call inside the batch where one was recorded,
+and the innermost frames of the exception's stack trace (the batch span's
+`exception` event) either way. Torch-free."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, MODULE, NAME
+from .reader import RecoveredSpan, TraceFileContents
+
+FRAMES = 6  # innermost frames kept of a batch's exception
+_MAX_STACK = 1 << 16  # characters of a stack trace read (a file's text is untrusted)
+_FRAME = re.compile(r'^\s*File "([^"\n]{1,4096})", line (\d{1,9}), in (\S{1,256})\s*$')
+# Frames of this package (the decorator's wrapper) say nothing of where a batch failed.
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def is_batch(span: RecoveredSpan) -> bool:
+    """A batch span: no kernel call, but a batch's requests or size."""
+    attributes = span.attributes
+    return NAME not in attributes and (BATCH_REQUEST_IDS in attributes or BATCH_SIZE in attributes)
+
+
+def request_ids(span: RecoveredSpan) -> list[str]:
+    value = span.attributes.get(BATCH_REQUEST_IDS, ())
+    return [str(item) for item in value] if isinstance(value, (tuple, list)) else [str(value)]
+
+
+def exception_of(span: RecoveredSpan) -> "dict[str, Any] | None":
+    """The `exception` event's type, message and stack trace, or None."""
+    event = next((attrs for name, _, attrs in span.events if name == "exception"), None)
+    if event is None:
+        return None
+    return {"type": str(event.get("exception.type", "")), "message": str(event.get("exception.message", "")),
+            "stacktrace": str(event.get("exception.stacktrace", ""))[-_MAX_STACK:]}
+
+
+def innermost_frames(stacktrace: str, count: int = FRAMES) -> list[dict[str, Any]]:
+    """The innermost `count` frames of a Python stack trace (of its last
+    exception where several are chained), innermost first, less this
+    package's own."""
+    last = stacktrace.rsplit("Traceback (most recent call last):", 1)[-1]
+    frames = []
+    for line in last.splitlines():
+        found = _FRAME.match(line)
+        if found and not os.path.abspath(found.group(1)).startswith(_OURS):
+            frames.append({"function": found.group(3), "file": found.group(1), "line": int(found.group(2))})
+    return frames[::-1][:count]
+
+
+def frames_text(frames: list[dict[str, Any]], shown: int = 3) -> str:
+    """`embedding (functional.py:2621) <- embedding (unquant.py:540) <- ...`"""
+    return " <- ".join(f"{frame['function']} ({os.path.basename(frame['file'])}:{frame['line']})"
+                       for frame in frames[:shown])
+
+
+def failed_call_in(batch: RecoveredSpan, spans: list[RecoveredSpan]) -> "RecoveredSpan | None":
+    """The kernel call that failed inside `batch` (the innermost, the last to
+    end), or None: the batch failed outside every recorded call."""
+    by_id = {span.span_id: span for span in spans}
+    found = None
+    for span in spans:
+        if NAME not in span.attributes or span.in_flight or span.status_code != "ERROR":
+            continue
+        current, hops = by_id.get(span.parent_span_id), 0
+        while current is not None and hops < 64 and current.span_id != batch.span_id:
+            current, hops = by_id.get(current.parent_span_id), hops + 1
+        if current is not None and current.span_id == batch.span_id and (
+                found is None or (span.end_time or 0) >= (found.end_time or 0)):
+            found = span
+    return found
+
+
+def where_text(call: "RecoveredSpan | None", frames: list[dict[str, Any]]) -> str:
+    """Where a batch failed, in a few words: its failed call (and module), else its innermost frames."""
+    if call is not None:
+        module = call.attributes.get(MODULE)
+        return call.name + (f" ({module})" if isinstance(module, str) else "")
+    return frames_text(frames) if frames else "code no kernel call recorded"
+
+
+def requests_text(ids: list[str], shown: int = 8) -> str:
+    """`request bad-req-1`, `requests r1, r2 and 3 more`, `no request ids`."""
+    if not ids:
+        return "no request ids"
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return f"request{'s' if len(ids) > 1 else ''} {', '.join(ids[:shown])}{more}"
+
+
+def batch_summary(span: RecoveredSpan, contents: TraceFileContents, process: dict[str, Any],
+                  start: str) -> dict[str, Any]:
+    """A failed (or cut short) batch as the report shows it."""
+    exception = exception_of(span)
+    frames = innermost_frames(exception["stacktrace"]) if exception else []
+    call = failed_call_in(span, contents.spans) if not span.in_flight else None
+    ids = request_ids(span)
+    return {
+        "name": span.name, **process, "start": start,
+        "state": "running" if span.in_flight else "error",
+        "request_ids": ids,
+        "exception": None if exception is None else {"type": exception["type"], "message": exception["message"]},
+        "description": span.status_description,
+        "failed_call": None if call is None else call.name,
+        "module": None if call is None else call.attributes.get(MODULE),
+        "frames": frames,
+        "where": where_text(call, frames),
+        "trace_id": f"{span.trace_id:032x}",
+        "span_id": f"{span.span_id:016x}",
+    }
+
+
+def failure_sentence(batch: dict[str, Any]) -> str:
+    """`batch sglang.forward_batch (request bad-req-1) failed in <where>: IndexError: ...`"""
+    exception = batch["exception"]
+    said = f"{exception['type']}: {exception['message']}" if exception else batch["description"] or "an error"
+    return f"batch {batch['name']} ({requests_text(batch['request_ids'])}) failed in {batch['where']}: {said}"
+
+
+def after_failure(contents: TraceFileContents) -> "dict[str, Any] | None":
+    """For a process that is gone: its last failure (a failed batch, else a
+    failed kernel call) and how long it lived on after it, as in "ended
+    0.1 s after it raised IndexError"; None when nothing failed."""
+    if contents.live:
+        return None
+    failures = [s for s in contents.spans if not s.in_flight and s.status_code == "ERROR" and (is_batch(s) or NAME in s.attributes)]
+    last = max(failures, key=lambda span: span.end_time, default=None)
+    if last is None:
+        return None
+    exception = next((attrs for name, _, attrs in last.events if name == "exception"), {})
+    kind = exception.get("exception.type") or (last.status_description or "an error").split(":", 1)[0]
+    return {"exception": str(kind), "seconds": round(max(contents.last_alive - last.end_time, 0) / 1e9, 1)}
+
+
+def after_failure_text(after: "dict[str, Any] | None") -> str:
+    return f" {after['seconds']} s after it raised {after['exception']}" if after else ""
