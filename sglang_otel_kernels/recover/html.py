@@ -169,10 +169,10 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
     elif report.get("graph_replay_at_death"):
         # Not a crash for certain: a server stopped by SIGKILL after its last decode step looks the same.
         verdict = ("failed", "died after a CUDA graph replay: its kernels may have been running on the GPU")
-    elif suspects:
-        verdict = ("crashed", f"{suspects} suspect rank(s): see the verdict of the ranks below")
     elif report.get("failed_batches"):
         verdict = ("failed", "FAILED: the " + failure_sentence(report["failed_batches"][0]))
+    elif suspects:
+        verdict = ("crashed", f"{suspects} suspect rank(s): see the verdict of the ranks below")
     elif report["failed"]:
         verdict = ("failed", f"{len(report['failed'])} failed call(s)")
     elif any(job.get("waiting_for") for job in report.get("cross_rank_jobs") or ()):

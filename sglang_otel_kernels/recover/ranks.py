@@ -503,22 +503,13 @@ class _Verdict:
         for rank in self.ranks.values():
             kernels = [s for s in rank.in_flight if OP not in s.attributes]
             call = rank.innermost(kernels)
-            batch = rank.innermost(rank.batches_in_flight)
-            serving = f" serving {requests_text(request_ids(batch))}" if batch is not None else ""
             if call is not None and rank.state == "died":
-                reason, words = self._death(rank, call, call.name + serving)
+                reason, words = self._death(rank, call, call.name)
                 add((1, call.start_time), rank, reason, call, f"rank {rank.rank} {words}{also(rank)}")
                 continue
-            if batch is not None and rank.state == "died" and not rank.in_flight:
-                unsaid = ending_text(rank.contents.fatal_signal)
-                add((1, batch.start_time), rank, "died", batch,
-                    f"rank {rank.rank} died{unsaid} while its batch {batch.name} served "
-                    f"{requests_text(request_ids(batch))} (running {_seconds_text(rank.seconds(batch))}, between "
-                    f"kernel calls){also(rank)}")
-                continue
             failed = min(rank.failed_batches, key=lambda s: s.end_time or 0, default=None)
-            if failed is not None:
-                inside = failed_call_in(failed, rank.contents.spans)
+            inside = failed_call_in(failed, rank.contents.spans) if failed is not None else None
+            if failed is not None and (inside is None or OP not in inside.attributes):  # a collective's: a victim
                 exception = exception_of(failed)
                 frames = innermost_frames(exception["stacktrace"]) if exception else []
                 add((1, failed.end_time or failed.start_time), rank, "raised", inside or failed,
@@ -580,7 +571,8 @@ class _Verdict:
                 add((5, span.start_time), rank, "deadlock", span,
                     f"rank {rank_number} waits in {_op_text(span)} for {_ranks_text(missing)}, "
                     f"which {'waits' if len(missing) == 1 else 'wait'} in turn (a deadlock)")
-        # 6. Died or raised inside a collective that nothing else explains.
+        # 6. Died or raised inside a collective that nothing else explains; died
+        # while a batch ran, between kernel calls (the engine's own Python).
         if not found:
             for rank in self.ranks.values():
                 collective = rank.innermost([s for s in rank.in_flight if OP in s.attributes])
@@ -592,6 +584,12 @@ class _Verdict:
                 if failed is not None:
                     add((6, failed.end_time or 0), rank, "raised", failed,
                         f"rank {rank.rank} raised in {_op_text(failed)}: {failed.status_description}")
+                batch = rank.innermost(rank.batches_in_flight)
+                if batch is not None and rank.state == "died" and not rank.in_flight:
+                    add((6, batch.start_time), rank, "died", batch,
+                        f"rank {rank.rank} died{ending_text(rank.contents.fatal_signal)} while its batch {batch.name} "
+                        f"served {requests_text(request_ids(batch))} (running {_seconds_text(rank.seconds(batch))}, "
+                        "between kernel calls)")
         suspects, seen = [], set()
         for _, suspect in sorted(found, key=lambda item: item[0]):
             if suspect["rank"] not in seen:

@@ -1,0 +1,138 @@
+"""What recording costs on SGLang's real server (CPU): the wall time of one
+request's decode steps at level 0, in the black box, and at levels 1, 3 and
+5, each measured on a server of its own started through `run`, the
+settings taken in turn, round after round, so that a slow spell of the
+machine falls on all of them alike; ratios are to level 0 of the same round.
+
+    python bench/sglang_server_cost.py [--rounds 2] [--requests 8] [--tokens 256]
+
+Needs SGLang's environment (bash .ci/sglang-env) and a tiny model it makes
+(tests/tiny_llama.py). Prints one row per setting: median seconds per request, per decode step,
+and the ratio to level 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SETTINGS = {  # name -> (level, environment)
+    "level 0": (0, {}),
+    "black box": (1, {"SGLANG_KERNEL_API_BLACKBOX": "1"}),
+    "level 1": (1, {}),
+    "level 3": (3, {}),
+    "level 5": (5, {}),
+}
+def environment_python() -> str:
+    proc = subprocess.run(["bash", os.path.join(ROOT, ".ci", "sglang-env")], capture_output=True, text=True,
+                          check=True)
+    return os.path.join(proc.stdout.strip().splitlines()[-1], "bin", "python")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start(python: str, model: str, level: int, extra: dict, directory: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
+    env.update(PYTHONPATH=ROOT, SGLANG_USE_CPU_ENGINE="1", SGLANG_KERNEL_API_LOGLEVEL=str(level),
+               SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_TRACEFILE=os.path.join(directory, "trace_%i.sgltrace"),
+               **extra)
+    command = [python, "-m", "sglang_otel_kernels", "run", "--", python, "-m", "sglang.launch_server",
+               "--model-path", model, "--load-format", "dummy", "--device", "cpu", "--skip-server-warmup",
+               "--tp", "1", "--max-total-tokens", "4096", "--host", "127.0.0.1", "--port", str(port)]
+    log = open(os.path.join(directory, "server.log"), "w")
+    process = subprocess.Popen(command, cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    deadline = time.monotonic() + 600
+    while True:
+        with open(log.name, errors="replace") as handle:
+            if "ready to roll" in handle.read():
+                return process, port
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the server did not start; see {log.name}")
+        time.sleep(0.5)
+
+
+def generate(port: int, tokens: int) -> float:
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    began = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=600) as answer:
+        completion = json.loads(answer.read())["meta_info"]["completion_tokens"]
+    assert completion == tokens, completion
+    return time.perf_counter() - began
+
+
+def stop(process: subprocess.Popen) -> None:
+    """As systemd stops a service: SIGTERM to every process, then SIGKILL what is left."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=8, help="timed requests per server (after one warm-up)")
+    parser.add_argument("--tokens", type=int, default=256, help="decode steps per request")
+    parser.add_argument("--only", action="append", choices=sorted(SETTINGS), help="settings to measure (all)")
+    options = parser.parse_args()
+    python = environment_python()
+    names = options.only or list(SETTINGS)
+    if "level 0" not in names:
+        names.insert(0, "level 0")
+    with tempfile.TemporaryDirectory() as scratch:
+        model = os.path.join(scratch, "model")
+        subprocess.run([python, os.path.join(ROOT, "tests", "tiny_llama.py"), model, "--dummy"], check=True,
+                       capture_output=True)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        ratios: dict[str, list[float]] = {name: [] for name in names}
+        for number in range(options.rounds):
+            medians = {}
+            for name in (names if number % 2 == 0 else names[::-1]):  # each round in the other order
+                level, extra = SETTINGS[name]
+                directory = os.path.join(scratch, f"{name.replace(' ', '-')}-{number}")
+                os.makedirs(directory)
+                process, port = start(python, model, level, extra, directory)
+                try:
+                    generate(port, options.tokens)  # warm-up: the first request's compile and allocations
+                    taken = [generate(port, options.tokens) for _ in range(options.requests)]
+                finally:
+                    stop(process)
+                medians[name] = statistics.median(taken)
+                times[name].extend(taken)
+                print(f"round {number + 1}: {name:10s} median {medians[name]:.3f} s", file=sys.stderr, flush=True)
+            for name in names:
+                ratios[name].append(medians[name] / medians["level 0"])
+    print(f"{'setting':10s} {'s/request':>10s} {'ms/step':>8s} {'x level 0 (per round)':>24s}")
+    for name in names:
+        median = statistics.median(times[name])
+        print(f"{name:10s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
+              f"{' '.join(f'{ratio:.2f}' for ratio in ratios[name]):>24s}")
+
+
+if __name__ == "__main__":
+    main()

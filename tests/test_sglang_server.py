@@ -1,0 +1,344 @@
+"""SGLang's real server on this machine's CPU, started through `run` as a
+user starts it: `sglang-otel-kernels run -- python -m sglang.launch_server
+...` in the environment .ci/sglang-env makes (SGLang 0.5.23 and its
+dependencies, kept outside the checkout), serving a tiny Llama made offline
+(tests/tiny_llama.py). Nothing here is a stand-in: SGLang's tokenizer,
+scheduler and model runner run, and are crashed, poisoned, killed and
+stopped as they are in production. Three server starts:
+
+- an out-of-vocabulary token (IndexError in the embedding lookup; on a GPU a
+  device-side assert), with SGLang's own request tracing and the package's
+  export into one Collector and a real Jaeger;
+- a model with +inf in one layer's weight at level 5, then SIGKILL of the
+  scheduler mid-request (the OOM killer's way);
+- SIGTERM to every process of the server (systemd's way).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from backends import Collector, Jaeger, ensure_built, get, port, wait
+from conftest import clean_env
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+EMBEDDING = "sglang.quant_method.UnquantizedEmbeddingMethod.embedding"
+LINEAR = "sglang.quant_method.UnquantizedLinearMethod.apply"
+FUSED = "kernels.fused_op.BaseFusedOp.forward"
+POISONED = "model.layers.1.mlp.down_proj"
+START_SECONDS = 420  # a first start in a new environment compiles SGLang's modules; a loaded CI machine is slow
+
+
+@pytest.fixture(scope="module")
+def sglang_python():
+    proc = subprocess.run(["bash", os.path.join(ROOT, ".ci", "sglang-env")], capture_output=True, text=True,
+                          timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return os.path.join(proc.stdout.strip().splitlines()[-1], "bin", "python")
+
+
+@pytest.fixture(scope="module")
+def models(sglang_python, tmp_path_factory):
+    """{"dummy": a model served with random weights, "poisoned": one whose
+    POISONED weight holds +inf}."""
+    root = tmp_path_factory.mktemp("models")
+    made = {}
+    for name, options in (("dummy", ["--dummy"]), ("poisoned", ["--poison", POISONED + ".weight"])):
+        proc = subprocess.run([sglang_python, os.path.join(TESTS, "tiny_llama.py"), str(root / name), *options],
+                              capture_output=True, text=True, timeout=600, env=clean_env())
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        made[name] = str(root / name)
+    return made
+
+
+class Server:
+    """`sglang-otel-kernels run --level L -- python -m sglang.launch_server ...`
+    in `directory` (its trace files land there), ready to serve."""
+
+    def __init__(self, python: str, directory, model: str, level: int, *args: str, dummy: bool = False, **env):
+        self.directory = str(directory)
+        self.port = port()
+        command = [python, "-m", "sglang_otel_kernels", "run", "--level", str(level), "--",
+                   python, "-m", "sglang.launch_server", "--model-path", model, "--device", "cpu",
+                   "--skip-server-warmup", "--tp", "1", "--max-total-tokens", "4096",
+                   "--host", "127.0.0.1", "--port", str(self.port), *args]
+        if dummy:
+            command += ["--load-format", "dummy"]
+        environment = clean_env(PYTHONPATH=ROOT, SGLANG_USE_CPU_ENGINE="1", SGLANG_KERNEL_API_LOGDEST="off",
+                                SGLANG_KERNEL_API_TRACEFILE=os.path.join(self.directory, "trace_%i.sgltrace"), **env)
+        self.log_path = os.path.join(self.directory, "server.log")
+        self.log = open(self.log_path, "w")
+        self.process = subprocess.Popen(command, cwd=self.directory, env=environment, stdout=self.log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + START_SECONDS
+        while "The server is fired up and ready to roll!" not in self.text():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise AssertionError(f"the server did not start: {self.text()[-4000:]}")
+            time.sleep(0.5)
+
+    def text(self) -> str:
+        with open(self.log_path, errors="replace") as log:
+            return log.read()
+
+    def generate(self, body: dict, headers: dict | None = None, timeout: float = 120) -> "tuple[int, dict | str]":
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/generate", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            return 0, str(exc)
+
+    def pids(self) -> dict[str, int]:
+        """The server's processes by their title (`sglang::scheduler`, ...), the launcher as `launcher`."""
+        found = {"launcher": self.process.pid}
+        for pid in _descendants(self.process.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    title = handle.read().split(b"\0")[0].decode(errors="replace")
+            except OSError:
+                continue
+            found.setdefault(title, pid)
+        return found
+
+    def wait_gone(self, pid: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while os.path.exists(f"/proc/{pid}") and _state(pid) != "Z":
+            assert time.monotonic() < deadline, f"process {pid} still runs: {self.text()[-2000:]}"
+            time.sleep(0.2)
+
+    def trace_files(self) -> list[str]:
+        return sorted(os.path.join(self.directory, name) for name in os.listdir(self.directory)
+                      if name.endswith(".sgltrace"))
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=60)
+        self.log.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    children = []
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            children = [int(child) for child in handle.read().split()]
+    except OSError:
+        pass
+    return children + [grandchild for child in children for grandchild in _descendants(child)]
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", *args], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, env=clean_env())
+
+
+def spans_of(path: str) -> list:
+    from sglang_otel_kernels.recover.reader import read_trace
+
+    return read_trace(path)
+
+
+@pytest.fixture
+def backends(tmp_path):
+    ensure_built()
+    jaeger = Jaeger(tmp_path)
+    collector = Collector(tmp_path, jaeger, sample_percent=100, archive=str(tmp_path / "archive" / "spans.json"))
+    yield jaeger, collector
+    collector.close()
+    jaeger.close()
+
+
+def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(sglang_python, models, backends,
+                                                                               tmp_path):
+    """The most common crash: a token id outside the vocabulary. SGLang's
+    scheduler raises IndexError in its embedding lookup, SIGQUITs its parent
+    and exits; the launcher kills the rest. The report names the batch, the
+    request and the op, exits 1, and says how the scheduler ended; Jaeger has
+    SGLang's request spans and the kernel calls in each request's trace, and
+    the request that killed the server has error spans saying IndexError and
+    naming the embedding."""
+    jaeger, collector = backends
+    server = Server(sglang_python, tmp_path, models["dummy"], 1, "--enable-trace", "--otlp-traces-endpoint",
+                    collector.address, dummy=True, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                    OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_BSP_SCHEDULE_DELAY="200")
+    try:
+        good_trace, bad_trace = 0x0AF7651916CD43DD8448EB211C80319C, 0x0BF7651916CD43DD8448EB211C80319D
+        status, answer = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 4}, "rid": "good-1"},
+                                         {"traceparent": f"00-{good_trace:032x}-b7ad6b7169203331-01"})
+        assert status == 200, answer
+        scheduler = server.pids()["sglang::scheduler"]
+        status, answer = server.generate({"input_ids": [5, 99999, 7], "sampling_params": {"max_new_tokens": 4},
+                                          "rid": "bad-req-1"},
+                                         {"traceparent": f"00-{bad_trace:032x}-c7ad6b7169203331-01"})
+        assert status != 200
+        server.wait_gone(scheduler)
+        server.process.wait(timeout=60)
+        assert "IndexError" in server.text()
+    finally:
+        server.close()
+    # The scheduler's file, and with SGLang's tracing on the launcher's (its request spans).
+    path = os.path.join(str(tmp_path), f"trace_{scheduler}.sgltrace")
+    assert path in server.trace_files()
+
+    text = report(*server.trace_files())
+    assert text.returncode == 1, text.stdout + text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0] == (f"rank 0's batch sglang.forward_batch (request bad-req-1) failed in {EMBEDDING} "
+                        "(model.embed_tokens): IndexError: index out of range in self"), text.stdout
+    # It raised, then exited (SGLang's scheduler returns after SIGQUITting its parent), or was killed.
+    assert any(line.startswith(("  rank 0: ended ", "  rank 0: died ")) and " s after it raised IndexError" in line
+               for line in lines), text.stdout
+    assert "Failed batches (1):" in text.stdout and "serving request bad-req-1" in text.stdout
+    assert "embedding (unquant.py:" in text.stdout and "(vocab_parallel_embedding.py:" in text.stdout
+    document = json.loads(report("--json", path).stdout)
+    [batch] = document["failed_batches"]
+    assert batch["request_ids"] == ["bad-req-1"] and batch["exception"]["type"] == "IndexError"
+    assert batch["failed_call"] == EMBEDDING and batch["module"] == "model.embed_tokens"
+    assert [frame["function"] for frame in batch["frames"][:2]] == ["embedding", "embedding"]
+    assert os.path.basename(batch["frames"][1]["file"]) == "unquant.py"
+    assert document["files"][0]["after_failure"]["exception"] == "IndexError"
+    page = tmp_path / "report.html"
+    assert report("--html", str(page), path).returncode == 1
+    assert "FAILED: the batch sglang.forward_batch (request bad-req-1) failed in" in page.read_text()
+
+    # Names: each fused op's class, each layer's module; SGLang's own names unchanged.
+    spans = spans_of(path)
+    classes = {s.attributes.get("sglang.kernel.op_class") for s in spans if s.name == FUSED}
+    assert {"RMSNorm", "RotaryEmbedding", "SiluAndMul"} <= classes, classes
+    modules = {s.attributes.get("sglang.kernel.module") for s in spans if s.name == LINEAR}
+    assert {POISONED, "model.layers.0.self_attn.qkv_proj"} <= modules, modules
+    norms = {s.attributes.get("sglang.kernel.module") for s in spans
+             if s.attributes.get("sglang.kernel.op_class") == "RMSNorm"}
+    assert {"model.layers.0.input_layernorm", "model.norm"} <= norms, norms
+    recorded = {s.name for s in spans}
+    assert {EMBEDDING, "srt.layers.logits_processor.LogitsProcessor.forward",
+            "srt.layers.sampler.Sampler.forward"} <= recorded, recorded
+
+    # SGLang's request traces, with the kernel calls of their batches, in Jaeger.
+    def traces_there():
+        services = set(get(f"{jaeger.query}/api/services")["data"] or ())
+        if not {"sglang", "sglang-kernels"} & services:
+            return False
+        return all(_jaeger_trace(jaeger, trace_id) for trace_id in (good_trace, bad_trace))
+
+    wait("both requests' traces in Jaeger", traces_there, timeout=120)
+    good = _jaeger_trace(jaeger, good_trace)
+    names = {span["operationName"] for span in good["spans"]}
+    assert any(name.startswith("Req ") or " Req " in name for name in names), names  # SGLang's root span
+    assert "sglang.forward_batch" in names and FUSED in names and LINEAR in names, names
+    wait("the failed request's error spans", lambda: EMBEDDING in {
+        span["operationName"] for span in _jaeger_trace(jaeger, bad_trace)["spans"]}, timeout=120)
+    bad = _jaeger_trace(jaeger, bad_trace)
+    errors = {span["operationName"]: span for span in bad["spans"]
+              if any(tag["key"] == "error" and tag["value"] in (True, "true") for tag in span["tags"])}
+    assert EMBEDDING in errors and "sglang.forward_batch" in errors, sorted(errors)
+    assert any(log_field["value"] == "IndexError" for log in errors[EMBEDDING]["logs"]
+               for log_field in log["fields"] if log_field["key"] == "exception.type")
+
+
+def _jaeger_trace(jaeger: Jaeger, trace_id: int) -> "dict | None":
+    found = get(f"{jaeger.query}/api/traces/{trace_id:032x}")
+    return (found or {}).get("data", [None])[0] if found else None
+
+
+def test_poisoned_layer_then_sigkill_mid_request(sglang_python, models, tmp_path):
+    """+inf in one layer's weight, served at level 5: the first NaN/Inf
+    producer is that layer's call, with its module path and the request that
+    hit it. Then the scheduler is SIGKILLed during a long request (the OOM
+    killer's way): the report exits 1 and names the request being served and
+    what was in flight (the kernel, or the batch when the kill lands between
+    kernels)."""
+    server = Server(sglang_python, tmp_path, models["poisoned"], 5)
+    try:
+        status, answer = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 2}, "rid": "nan-1"})
+        assert status == 200, answer
+        [path] = server.trace_files()
+        text = report(path)
+        assert text.returncode == 3, text.stdout + text.stderr  # NaN/Inf, the process alive: no crash
+        first = text.stdout.split("First call that produced NaN/Inf from finite inputs:\n", 1)[1].splitlines()
+        assert first[0].strip().startswith(LINEAR) and first[1].strip() == f"module {POISONED}", first
+        assert any("NaN/Inf in the rows of nan-1" in line for line in first), first
+        nonfinite = json.loads(report("--json", path).stdout)["first_nonfinite_output"]
+        assert nonfinite["module"] == POISONED and nonfinite["requests"]["request_ids"] == ["nan-1"]
+
+        answers = []
+        long = threading.Thread(target=lambda: answers.append(server.generate(
+            {"text": "hello", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}, "rid": "long-1"},
+            timeout=300)))
+        long.start()
+        # Mid-request: once the scheduler has run a few of its decode steps.
+        wait("decode steps of long-1", lambda: sum(
+            1 for s in spans_of(path) if s.name == "sglang.forward_batch"
+            and "long-1" in (s.attributes.get("sglang.batch.request_ids") or ())) >= 3, timeout=120)
+        scheduler = server.pids()["sglang::scheduler"]
+        os.kill(scheduler, signal.SIGKILL)
+        server.wait_gone(scheduler)
+        long.join(timeout=300)
+    finally:
+        server.close()
+    text = report(path)
+    assert text.returncode == 1, text.stdout + text.stderr
+    first = text.stdout.splitlines()[0]
+    assert first.startswith("rank 0 died") and "no fatal signal recorded" in first, first
+    assert "Batch running when the process died:" in text.stdout and "serving request long-1" in text.stdout
+    document = json.loads(report("--json", path).stdout)
+    assert document["crashed"]
+    [batch] = document["batches_at_death"]
+    assert batch["request_ids"] == ["long-1"] and batch["state"] == "running"
+    in_flight = document["in_flight"]
+    assert batch["kernel_in_flight"] == bool(in_flight)
+    if in_flight:  # the kill landed in a kernel: named, inside the batch of long-1
+        assert in_flight[0]["requests"]["request_ids"] == ["long-1"], in_flight
+        assert first.startswith(f"rank 0 died in {in_flight[0]['name']} (running "), first
+    else:  # between kernels: the batch is what was in flight
+        assert "while its batch sglang.forward_batch served request long-1" in first, first
+
+
+def test_server_stopped_with_sigterm_reads_as_stopped(sglang_python, models, tmp_path):
+    """SIGTERM to every process of the server, as systemd stops a service:
+    the scheduler's file reads as stopped (its SIGTERM recorded), not dead,
+    and the report exits 0."""
+    server = Server(sglang_python, tmp_path, models["dummy"], 1, dummy=True)
+    try:
+        status, answer = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 4}, "rid": "ok-1"})
+        assert status == 200, answer
+        processes = server.pids()
+        scheduler = processes["sglang::scheduler"]
+        for pid in processes.values():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        server.wait_gone(scheduler)
+    finally:
+        server.close()
+    [path] = server.trace_files()
+    text = report(path)
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert "rank 0: stopped (SIGTERM recorded)" in text.stdout, text.stdout
+    assert "died" not in text.stdout and "CRASHED" not in text.stdout, text.stdout
+    document = json.loads(report("--json", path).stdout)
+    assert document["files"][0]["state"] == "stopped" and not document["crashed"]
