@@ -8,7 +8,10 @@ machine falls on all of them alike; ratios are to level 0 of the same round.
 
 Needs SGLang's environment (bash .ci/sglang-env) and a tiny model it makes
 (tests/tiny_llama.py). Prints one row per setting: median seconds per request, per decode step,
-and the ratio to level 0.
+and the ratio to level 0. With --profile, one more server per setting
+(level 0 and the black box) runs its scheduler's main thread under
+cProfile for the timed requests alone, and the functions that take most of
+a decode step are printed: where the black box's time per step goes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pstats
 import signal
 import statistics
 import subprocess
@@ -32,6 +36,25 @@ SETTINGS = {  # name -> (level, environment)
     "level 3": (3, {}),
     "level 5": (5, {}),
 }
+# A sitecustomize that `run`'s own start-up hook chains to: in every process
+# of the server, SIGUSR1 starts a profile of the main thread (the scheduler's
+# event loop), the next SIGUSR1 writes it to <dir>/<pid>.prof.
+PROFILER = """
+import cProfile, os, signal
+_state = []
+def _toggle(signum, frame):
+    if _state:
+        profile = _state.pop()
+        profile.disable()
+        profile.dump_stats(os.path.join(os.environ["SGLANG_BENCH_PROFILE_DIR"], f"{os.getpid()}.prof"))
+    else:
+        _state.append(cProfile.Profile())
+        _state[0].enable()
+if os.environ.get("SGLANG_BENCH_PROFILE_DIR"):
+    signal.signal(signal.SIGUSR1, _toggle)
+"""
+
+
 def environment_python() -> str:
     proc = subprocess.run(["bash", os.path.join(ROOT, ".ci", "sglang-env")], capture_output=True, text=True,
                           check=True)
@@ -46,10 +69,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start(python: str, model: str, level: int, extra: dict, directory: str) -> tuple[subprocess.Popen, int]:
+def start(python: str, model: str, level: int, extra: dict, directory: str,
+          profiler: str | None = None) -> tuple[subprocess.Popen, int]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
-    env.update(PYTHONPATH=ROOT, SGLANG_USE_CPU_ENGINE="1", SGLANG_KERNEL_API_LOGLEVEL=str(level),
+    if profiler:
+        env["SGLANG_BENCH_PROFILE_DIR"] = directory
+    env.update(PYTHONPATH=os.pathsep.join([ROOT, *([profiler] if profiler else [])]), SGLANG_USE_CPU_ENGINE="1", SGLANG_KERNEL_API_LOGLEVEL=str(level),
                SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_TRACEFILE=os.path.join(directory, "trace_%i.sgltrace"),
                **extra)
     command = [python, "-m", "sglang_otel_kernels", "run", "--", python, "-m", "sglang.launch_server",
@@ -93,12 +119,60 @@ def stop(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def scheduler_pid(process: subprocess.Popen) -> int:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if handle.read().startswith(b"sglang::scheduler") and os.getsid(int(entry)) == process.pid:
+                        return int(entry)
+            except OSError:
+                continue
+    raise SystemExit("no scheduler process found")
+
+
+def profile(python: str, model: str, name: str, scratch: str, requests: int, tokens: int) -> None:
+    """The scheduler's main thread under cProfile for `requests` timed requests: the functions that
+    take most of a decode step, by their own time and with what they call."""
+    level, extra = SETTINGS[name]
+    directory = os.path.join(scratch, f"profile-{name.replace(' ', '-')}")
+    os.makedirs(directory)
+    hook = os.path.join(scratch, "profiler")
+    os.makedirs(hook, exist_ok=True)
+    with open(os.path.join(hook, "sitecustomize.py"), "w") as out:
+        out.write(PROFILER)
+    process, port = start(python, model, level, extra, directory, hook)
+    try:
+        generate(port, tokens)
+        pid = scheduler_pid(process)
+        os.kill(pid, signal.SIGUSR1)
+        time.sleep(0.5)
+        for _ in range(requests):
+            generate(port, tokens)
+        os.kill(pid, signal.SIGUSR1)
+        path = os.path.join(directory, f"{pid}.prof")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+    finally:
+        stop(process)
+    stats = pstats.Stats(path)
+    steps = requests * tokens
+    ours = sum(row[2] for key, row in stats.stats.items() if "sglang_otel_kernels" in key[0])
+    print(f"\n{name}: {stats.total_tt / steps * 1000:.2f} ms a decode step in the scheduler's main thread "
+          f"under cProfile; this package's own functions {ours / steps * 1000:.3f} ms of it (their own time)")
+    stats.sort_stats("tottime").print_stats(15)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="0: no timing (with --profile: the profiles alone)")
     parser.add_argument("--requests", type=int, default=8, help="timed requests per server (after one warm-up)")
     parser.add_argument("--tokens", type=int, default=256, help="decode steps per request")
     parser.add_argument("--only", action="append", choices=sorted(SETTINGS), help="settings to measure (all)")
+    parser.add_argument("--profile", action="store_true",
+                        help="then profile the scheduler at level 0 and in the black box")
     options = parser.parse_args()
     python = environment_python()
     names = options.only or list(SETTINGS)
@@ -127,11 +201,15 @@ def main() -> None:
                 print(f"round {number + 1}: {name:10s} median {medians[name]:.3f} s", file=sys.stderr, flush=True)
             for name in names:
                 ratios[name].append(medians[name] / medians["level 0"])
-    print(f"{'setting':10s} {'s/request':>10s} {'ms/step':>8s} {'x level 0 (per round)':>24s}")
-    for name in names:
-        median = statistics.median(times[name])
-        print(f"{name:10s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
-              f"{' '.join(f'{ratio:.2f}' for ratio in ratios[name]):>24s}")
+        if options.rounds:
+            print(f"{'setting':10s} {'s/request':>10s} {'ms/step':>8s} {'x level 0 (per round)':>24s}")
+        for name in names if options.rounds else ():
+            median = statistics.median(times[name])
+            print(f"{name:10s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
+                  f"{' '.join(f'{ratio:.2f}' for ratio in ratios[name]):>24s}", flush=True)
+        if options.profile:
+            for name in ("level 0", "black box"):
+                profile(python, model, name, scratch, options.requests, options.tokens)
 
 
 if __name__ == "__main__":

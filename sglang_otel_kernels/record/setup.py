@@ -39,6 +39,7 @@ _recorders: "weakref.WeakSet" = weakref.WeakSet()
 _sidecars: set = set()  # the trace files a sidecar of this process follows
 _faulthandler_file = None
 _faulthandler_theirs = False  # the application had enabled faulthandler before our first file: it keeps it
+_sigterm_before = None  # Python's SIGTERM handler when ours was registered (None: not registered)
 _writer_settings: "tuple | None" = None  # those of the current writer (follow_trace_file)
 
 
@@ -338,7 +339,7 @@ def _enable_faulthandler(trace_path: str) -> None:
     SIGTERM does what it did before (ends the process, or runs the
     application's handler). An application that sets a SIGTERM handler of
     its own later replaces this one, and handles its stop itself."""
-    global _faulthandler_file, _faulthandler_theirs
+    global _faulthandler_file, _faulthandler_theirs, _sigterm_before
     if _faulthandler_file is None:
         _faulthandler_theirs = faulthandler.is_enabled()
     try:
@@ -351,7 +352,9 @@ def _enable_faulthandler(trace_path: str) -> None:
         if not _faulthandler_theirs:
             faulthandler.enable(file=new_file, all_threads=True)
         if hasattr(faulthandler, "register"):
+            before = signal.getsignal(signal.SIGTERM)
             faulthandler.register(signal.SIGTERM, file=new_file, all_threads=True, chain=True)
+            _sigterm_before = before
     except (OSError, ValueError, RuntimeError) as exc:
         warn(f"cannot enable faulthandler ({exc})")
         return
@@ -385,10 +388,18 @@ def _remove_empty_traceback() -> None:
 
 
 def _after_fork_in_child() -> None:
+    global _sigterm_before
     # A forked child's spans must carry its own pid. The SDK refreshes only
     # the resource detectors named in OTEL_EXPERIMENTAL_RESOURCE_DETECTORS.
     for provider in list(_own_providers):
         _add_to_resource(provider, {"process.pid": os.getpid()})
+    # A worker its parent stops with SIGTERM must not say so in the parent's
+    # traceback file: the child gets back the handler from before ours (it
+    # registers its own with its own file), unless the application set one
+    # since, which replaced ours already.
+    if _sigterm_before is not None and signal.getsignal(signal.SIGTERM) is _sigterm_before:
+        faulthandler.unregister(signal.SIGTERM)
+    _sigterm_before = None
 
 
 if hasattr(os, "register_at_fork"):

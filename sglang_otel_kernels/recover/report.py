@@ -453,8 +453,10 @@ def render_text(report: dict[str, Any]) -> str:
     for fault in report.get("device_faults") or ():
         out.extend(fault_lines(fault))
     by_process: dict[str, dict[str, list]] = {}
+    shown = {(batch["file"], batch["name"], batch["trace_id"]) for batch in report.get("batches_at_death") or ()}
     for span in report["in_flight_other_spans"]:  # the spans around the calls, per process, by name
-        by_process.setdefault(process_text(span), {}).setdefault(span["name"], []).append(span["trace_id"])
+        if (span["file"], span["name"], span["trace_id"]) not in shown:  # a batch at death is shown above
+            by_process.setdefault(process_text(span), {}).setdefault(span["name"], []).append(span["trace_id"])
     for process, names in by_process.items():
         out.append(f"Also unfinished ({process}):")
         for name, traces in names.items():

@@ -1,0 +1,146 @@
+"""How a process ended, read from what it left, in real processes: stopped
+with SIGTERM (recorded, then SIGTERM does what it did before: the default
+ends the process, an application's handler still runs, a forked worker
+stopped by its parent leaves the parent's file alone), a batch that raised
+outside every recorded call (a failure: its requests and innermost frames),
+and a process that died while a batch ran between kernel calls."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import clean_env
+
+WORKER = r"""
+import os, signal, sys, time
+mode = sys.argv[1]
+if mode == "handler":
+    signal.signal(signal.SIGTERM, lambda *_: (print("application handler ran", flush=True), sys.exit(3)))
+import torch
+import sglang_otel_kernels as sok
+from sglang_otel_kernels.capture.requests import forward_batch
+
+@sok.debug_kernel_api(op_name="sglang.custom_op.rmsnorm")
+def rmsnorm(x):
+    return x * 2
+
+def lookup(table, ids):  # the op a batch fails in, not recorded
+    return table[ids]
+
+rmsnorm(torch.ones(2))
+if mode == "fork":
+    child = os.fork()
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    time.sleep(0.5)
+    os.kill(child, signal.SIGTERM)
+    _, status = os.waitpid(child, 0)
+    print("child", os.WTERMSIG(status) if os.WIFSIGNALED(status) else "exited", flush=True)
+    os._exit(0)  # gone without an exit record: dead, and its file must not say "stopped"
+if mode == "raises":
+    with forward_batch([{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}],
+                       name="sglang.forward_batch"):
+        rmsnorm(torch.ones(2))
+        lookup(torch.ones(4), torch.tensor([7]))
+if mode == "between":
+    with forward_batch([], name="sglang.forward_batch", attributes={"sglang.batch.request_ids": ("r1", "r2")}):
+        rmsnorm(torch.ones(2))
+        print("ready", flush=True)
+        time.sleep(30)
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+def start(tmp_path, mode: str) -> subprocess.Popen:
+    env = clean_env(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off",
+                    SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t.sgltrace"))
+    return subprocess.Popen([sys.executable, "-c", WORKER, mode], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def ready(process: subprocess.Popen) -> None:
+    line = process.stdout.readline()
+    assert line.strip() == "ready", line + process.stderr.read()
+
+
+def report(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path / "t.sgltrace"), *args],
+                          capture_output=True, text=True, timeout=120, env=clean_env())
+
+
+def test_a_process_stopped_with_sigterm_reads_as_stopped_and_still_ends(tmp_path):
+    process = start(tmp_path, "default")
+    ready(process)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == -signal.SIGTERM  # as without the recorder
+    text = report(tmp_path)
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert "stopped (SIGTERM recorded)" in text.stdout and "died" not in text.stdout
+    document = json.loads(report(tmp_path, "--json").stdout)
+    assert document["files"][0]["state"] == "stopped" and document["files"][0]["fatal_signal"] == "SIGTERM"
+
+
+def test_an_applications_sigterm_handler_still_runs(tmp_path):
+    process = start(tmp_path, "handler")
+    ready(process)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 3
+    assert "application handler ran" in process.stdout.read()
+    assert json.loads(report(tmp_path, "--json").stdout)["files"][0]["state"] == "ended"
+
+
+def test_a_worker_stopped_by_its_parent_leaves_the_parents_file_alone(tmp_path):
+    process = start(tmp_path, "fork")
+    out, err = process.communicate(timeout=60)
+    assert "child 15" in out, out + err  # the worker still ends on SIGTERM
+    document = json.loads(report(tmp_path, "--json").stdout)
+    assert document["files"][0]["state"] == "died", document["files"]
+
+
+def test_a_batch_that_raised_outside_every_recorded_call_is_a_failure(tmp_path):
+    process = start(tmp_path, "raises")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 1 and "IndexError" in err
+    text = report(tmp_path)
+    assert text.returncode == 1, text.stdout + text.stderr
+    first = text.stdout.splitlines()[0]
+    assert first.startswith("the batch sglang.forward_batch (no request ids) failed in lookup (<string>:"), first
+    assert first.endswith("IndexError: index 7 is out of bounds for dimension 0 with size 4"), first
+    [batch] = json.loads(report(tmp_path, "--json").stdout)["failed_batches"]
+    assert batch["failed_call"] is None and batch["frames"][0]["function"] == "lookup"
+    assert batch["exception"]["type"] == "IndexError" and batch["state"] == "error"
+    assert json.loads(report(tmp_path, "--json").stdout)["files"][0]["after_failure"]["exception"] == "IndexError"
+
+
+def test_a_process_killed_between_kernel_calls_names_its_batch(tmp_path):
+    process = start(tmp_path, "between")
+    ready(process)
+    time.sleep(0.3)
+    process.kill()
+    process.wait(timeout=60)
+    text = report(tmp_path)
+    assert text.returncode == 1, text.stdout + text.stderr
+    assert text.stdout.startswith("the process died while its batch sglang.forward_batch served requests r1, r2"), \
+        text.stdout
+    document = json.loads(report(tmp_path, "--json").stdout)
+    assert document["crashed"] and not document["in_flight"]
+    [batch] = document["batches_at_death"]
+    assert batch["request_ids"] == ["r1", "r2"] and batch["kernel_in_flight"] is False
+
+
+@pytest.mark.parametrize("text, signal_name", [("Thread 0x00007f (most recent call first):\n  File ...", "SIGTERM"),
+                                               ("Fatal Python error: Segmentation fault\n\nThread 0x7f", "SIGSEGV")])
+def test_the_traceback_file_tells_sigterm_from_a_fatal_signal(tmp_path, text, signal_name):
+    from sglang_otel_kernels.recover.reader import fatal_signal
+
+    path = tmp_path / "t.sgltrace"
+    (tmp_path / "t.sgltrace.traceback").write_text(text)
+    assert fatal_signal(str(path)) == signal_name
+    os.remove(tmp_path / "t.sgltrace.traceback")
