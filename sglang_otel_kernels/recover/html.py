@@ -210,7 +210,8 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
         crashed += "".join(
             f'<div class="in-flight-call">{"Running when the process died" if batch["state"] == "running" else "Failed"}'
             f':\n{html.escape(chr(10).join(batch_lines(batch)))}</div>'
-            for batch in [*at_death, *(report.get("failed_batches") or ())] if batch["file"] == content.path)
+            for batch in [*at_death, *(report.get("failed_batches") or ())]
+            if batch["file"] == content.path and not batch.get("kernel_in_flight"))
         crashed += "".join(
             f'<div class="in-flight-call device-fault">{html.escape(chr(10).join(fault_lines(fault)))}</div>'
             for fault in report.get("device_faults") or () if (fault["call"] or {}).get("file") == content.path)

@@ -275,9 +275,8 @@ def batch_lines(batch: dict[str, Any], indent: str = "  ") -> list[str]:
     lines = [f"{indent}{batch['name']}  ({process_text(batch)}; started {batch['start']})",
              f"{indent}  serving {requests_text(batch['request_ids'])}"]
     if batch.get("seconds") is not None:
-        lines.append(f"{indent}  running for {batch['seconds']} s when the process was last alive; " +
-                     ("a kernel call was in flight (above)" if batch.get("kernel_in_flight") else
-                      "no kernel call in flight: it died between kernels (the engine's own Python)"))
+        lines.append(f"{indent}  running for {batch['seconds']} s when the process was last alive, no kernel call in "
+                     "flight (the engine's own Python)")
     if batch["exception"]:
         lines.append(f"{indent}  raised {batch['exception']['type']}: {batch['exception']['message']}")
     if batch["failed_call"]:
@@ -444,8 +443,9 @@ def render_text(report: dict[str, Any]) -> str:
         out.append("No kernel call was running when the file was last written" +
                    (" (no crash inside a kernel)." if not at_death else ", but a CUDA graph's kernels may have been:"))
     for batch in report.get("batches_at_death") or ():
-        out.append("Batch running when the process died:")
-        out.extend(batch_lines(batch))
+        if not batch["kernel_in_flight"]:  # else its call in flight, above, names it
+            out.append("Batch running when the process died, between kernel calls:")
+            out.extend(batch_lines(batch))
     for call in at_death:
         out.append(f"  the process died {call['seconds_before_death']} s after this CUDA graph replay returned (a "
                    "replay only launches the graph: its kernels run on the GPU after it returns):")
