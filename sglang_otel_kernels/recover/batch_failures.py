@@ -85,6 +85,16 @@ def where_text(call: "RecoveredSpan | None", frames: list[dict[str, Any]]) -> st
     return frames_text(frames) if frames else "code no kernel call recorded"
 
 
+def failure_of(batch: RecoveredSpan, spans: list[RecoveredSpan]) -> "tuple[RecoveredSpan | None, list, str]":
+    """(the kernel call that failed inside `batch` or None, its exception's
+    innermost frames, where it failed in words): what the report and the
+    ranks' verdict both say of a failed batch."""
+    exception = exception_of(batch)
+    frames = innermost_frames(exception["stacktrace"]) if exception else []
+    call = failed_call_in(batch, spans) if not batch.in_flight else None
+    return call, frames, where_text(call, frames)
+
+
 def requests_text(ids: list[str], shown: int = 8) -> str:
     """`request bad-req-1`, `requests r1, r2 and 3 more`, `no request ids`."""
     if not ids:
@@ -97,8 +107,7 @@ def batch_summary(span: RecoveredSpan, contents: TraceFileContents, process: dic
                   start: str) -> dict[str, Any]:
     """A failed (or cut short) batch as the report shows it."""
     exception = exception_of(span)
-    frames = innermost_frames(exception["stacktrace"]) if exception else []
-    call = failed_call_in(span, contents.spans) if not span.in_flight else None
+    call, frames, where = failure_of(span, contents.spans)
     ids = request_ids(span)
     return {
         "name": span.name, **process, "start": start,
@@ -109,7 +118,7 @@ def batch_summary(span: RecoveredSpan, contents: TraceFileContents, process: dic
         "failed_call": None if call is None else call.name,
         "module": None if call is None else call.attributes.get(MODULE),
         "frames": frames,
-        "where": where_text(call, frames),
+        "where": where,
         "trace_id": f"{span.trace_id:032x}",
         "span_id": f"{span.span_id:016x}",
     }

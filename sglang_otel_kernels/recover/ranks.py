@@ -34,8 +34,7 @@ from ..schema import (COLLECTIVE_GROUP as GROUP, COLLECTIVE_GROUP_RANKS as GROUP
                       COLLECTIVE_OP as OP, COLLECTIVE_OUTPUT_DTYPES as OUTPUT_DTYPES,
                       COLLECTIVE_OUTPUT_SHAPES as OUTPUT_SHAPES, COLLECTIVE_PEER as PEER, COLLECTIVE_REDUCE_OP as REDUCE_OP,
                       COLLECTIVE_ROOT as ROOT, COLLECTIVE_SEQ as SEQ, COLLECTIVE_TAG as TAG, NAME, RECVS, SENDS)
-from .batch_failures import (after_failure, after_failure_text, exception_of, failed_call_in, innermost_frames, is_batch,
-                             request_ids, requests_text, where_text)
+from .batch_failures import after_failure, after_failure_text, failure_of, is_batch, request_ids, requests_text
 from .reader import RecoveredSpan, TraceFileContents
 # Ops whose tensors may differ in size from rank to rank (uneven splits).
 _UNEVEN = ("all_to_all", "all_to_all_single", "all_gatherv", "reduce_scatterv")
@@ -508,13 +507,11 @@ class _Verdict:
                 add((1, call.start_time), rank, reason, call, f"rank {rank.rank} {words}{also(rank)}")
                 continue
             failed = min(rank.failed_batches, key=lambda s: s.end_time or 0, default=None)
-            inside = failed_call_in(failed, rank.contents.spans) if failed is not None else None
+            inside, _, where = failure_of(failed, rank.contents.spans) if failed is not None else (None, [], "")
             if failed is not None and (inside is None or OP not in inside.attributes):  # a collective's: a victim
-                exception = exception_of(failed)
-                frames = innermost_frames(exception["stacktrace"]) if exception else []
                 add((1, failed.end_time or failed.start_time), rank, "raised", inside or failed,
                     f"rank {rank.rank}'s batch {failed.name} ({requests_text(request_ids(failed))}) failed in "
-                    f"{where_text(inside, frames)}: {failed.status_description}{also(rank)}")
+                    f"{where}: {failed.status_description}{also(rank)}")
                 continue
             raised = min((s for s in rank.failed if OP not in s.attributes), key=lambda s: s.end_time or 0, default=None)
             if raised is not None:

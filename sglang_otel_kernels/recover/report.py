@@ -218,8 +218,10 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     first_bad = min(nonfinite, key=by_start, default=None)
     in_flight = [dict(call_summary(s, by_id, f, now), in_flight_in_dead_process=not f.live)
                  for s, f in sorted(in_flight_spans, key=by_start)]
+    states = [state_of(c, now) for c in contents]
+    state_of_file = {id(c): state for c, state in zip(contents, states)}  # several processes may share a path
     # A process stopped on purpose (the SIGTERM it recorded) left its calls in flight: no crash.
-    crashed = any(not f.live and state_of(f, now) != "stopped" for _, f in in_flight_spans)
+    crashed = any(not f.live and state_of_file[id(f)] != "stopped" for _, f in in_flight_spans)
     at_death = [dict(call_summary(s, by_id, c, now), seconds_before_death=round((c.last_alive - s.end_time) / 1e9, 1))
                 for c in contents if (s := replay_at_death(c)) is not None]
     failed = [call_summary(s, by_id, f, now) for s, f in sorted(failed_spans, key=by_start)]
@@ -230,7 +232,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
                              seconds=round(max(c.last_alive - s.start_time, 0) / 1e9, 1),
                              kernel_in_flight=any(k.in_flight and NAME in k.attributes for k in c.spans))
                         for s, c in sorted(other_in_flight, key=by_start)
-                        if is_batch(s) and not c.live and state_of(c, now) == "died"]
+                        if is_batch(s) and state_of_file[id(c)] == "died"]
     tracebacks = {}
     for content in contents:
         text = read_text(traceback_path(content.path)).strip()
@@ -243,12 +245,11 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
         "cross_rank_jobs": jobs,
         "files": [
             {"path": c.path, "format_version": c.format_version, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"), "running": c.live,
-             "state": state_of(c, now),
-             "fatal_signal": c.fatal_signal if state_of(c, now) in ("died", "stopped") else None,
+             "state": state, "fatal_signal": c.fatal_signal if state in ("died", "stopped") else None,
              "after_failure": after_failure(c),
              "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
              "spans": item.spans, "problems": c.problems}
-            for item, c in zip(digests, contents)
+            for item, c, state in zip(digests, contents, states)
         ],
         "crashed": crashed or bool(batches_at_death),
         "running": any(c.live for c in contents),
