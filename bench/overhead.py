@@ -19,11 +19,15 @@ current-span lookup: what any pure-Python recorder of a call pays here. The targ
 most 1.5 us above the bare call; with the compiled core (the default where it
 is built; SGLANG_KERNEL_API_NATIVE=0 times the pure-Python one), the black box
 at most 0.35x the floor row and level 1 into the trace file at most 0.5x.
+The two batch-span rows time `forward_batch` around nothing (SGLang's span
+per forward pass, a decode step's), written straight into the trace file
+where the provider feeds nothing else, and through the SDK where it does.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import statistics
@@ -33,6 +37,7 @@ import time
 
 import torch
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 import sglang_otel_kernels as sok
 from sglang_otel_kernels.record import core
@@ -137,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     log_path = os.path.join(directory, "kernels.log")
     trace_path = os.path.join(directory, "trace_%i.sgltrace")
 
+    alone = TracerProvider(sampler=ALWAYS_ON)  # as the one this package makes: the trace file its only processor
+    steps = itertools.count()
+
+    def batch_span(*_a, **_kw):
+        with sok.forward_batch([(None, "r1")], name="sglang.forward_batch", batch_key=(next(steps), ("r1",))):
+            pass
+
     def in_bare_span(*a, **kw):
         with tracer.start_as_current_span("kernel"):
             return kernel(*a, **kw)
@@ -164,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
                 # Keep the log from growing across runs.
                 if os.path.exists(log_path):
                     os.truncate(log_path, 0)
+        # SGLang's batch span around each forward pass (one per decode step), one untraced request:
+        # straight into the file (this package's own provider), and through the SDK (a processor besides).
+        for label, batch_provider in (("batch span: file alone", alone), ("batch span: via the SDK", with_processor)):
+            sok.configure(level=1, log_dest="off", spans=True, trace_file=trace_path, blackbox=True,
+                          tracer_provider=batch_provider)
+            rows.append((label, "1", run(batch_span)))
         sok.configure(level=0, trace_file="off")
         for name in os.listdir(directory):  # the trace files this round's writers left (16 MiB each)
             if ".sgltrace" in name:

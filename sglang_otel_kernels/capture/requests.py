@@ -14,6 +14,7 @@ SGLang carries it from its tokenizer process to its scheduler.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import operator
 import threading
@@ -28,6 +29,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from ..notices import warn_once
 from ..record import batches, identity
+from ..record.file_spans import FileSpan, file_only
 from ..record.spans import describe_exception, record_failure
 from ..record.tracefile import CALLS, per_thread
 from ..schema import BATCH_KERNEL_CALLS, BATCH_REQUEST_IDS, BATCH_SIZE, BATCH_UNTRACED, REQUEST_ID
@@ -58,14 +60,16 @@ def span_context_of(request: Any) -> SpanContext | None:
     """A request's span context: a SpanContext, a Span, a W3C carrier dict, a
     `traceparent` string, a Context, or an object exposing one of these as
     `span_context`, `trace_context`, `traceparent` or `carrier`."""
+    if request is None:  # an untraced request (SGLang's without --enable-trace): every decode step
+        return None
     if isinstance(request, SpanContext):
         return request if request.is_valid else None
+    if isinstance(request, context_api.Context):  # SGLang's root_span_context: before the ABC checks below
+        return span_context_of(trace.get_current_span(request).get_span_context())
     if isinstance(request, trace.Span):
         return span_context_of(request.get_span_context())
     if isinstance(request, str):
         return span_context_of(trace.get_current_span(extract(request)).get_span_context())
-    if isinstance(request, context_api.Context):
-        return span_context_of(trace.get_current_span(request).get_span_context())
     if isinstance(request, Mapping):
         if "traceparent" not in request:
             return None
@@ -98,6 +102,16 @@ def _normalise(requests: Iterable[Any]) -> list[tuple[SpanContext | None, str | 
     return out
 
 
+def _keyed_trace_id(key: Any) -> int:
+    """A batch's trace id, from its key and the job: the same on every rank."""
+    digest = hashlib.blake2b(repr((identity.known().get("job"), key)).encode(), digest_size=16).digest()
+    return int.from_bytes(digest, "big") or 1
+
+
+def _context_of(span_context: SpanContext) -> context_api.Context:
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
+
+
 class _KeyedTraceIds(IdGenerator):
     """The provider's ids, except the trace id of a batch span started with
     a key (`forward_batch(batch_key=...)`): derived from the key and the
@@ -109,8 +123,7 @@ class _KeyedTraceIds(IdGenerator):
 
     def keyed(self, key: Any) -> None:
         """The next trace id this thread generates comes from `key`."""
-        digest = hashlib.blake2b(repr((identity.known().get("job"), key)).encode(), digest_size=16).digest()
-        self._local.pending = int.from_bytes(digest, "big") or 1
+        self._local.pending = _keyed_trace_id(key)
 
     def forget(self) -> None:
         """No key for the next trace id (the span it was for has started)."""
@@ -162,6 +175,7 @@ def forward_batch(
     attributes: Mapping[str, Any] | None = None,
     batch_key: Any = None,
     rows: Sequence[int] | None = None,
+    end_later: bool = False,
 ) -> Iterator[trace.Span]:
     """A batch span around one forward pass; kernel spans opened inside are its
     children. Yields the batch span. An exception ends it (and the request
@@ -174,7 +188,10 @@ def forward_batch(
     level 5 the rows of an output holding NaN/Inf are mapped to the requests
     they belong to; without it, a tensor with one row per request (decode)
     is mapped. The batch and its request spans end with
-    `sglang.batch.kernel_calls`, the kernel calls made on this thread inside."""
+    `sglang.batch.kernel_calls`, the kernel calls made on this thread inside.
+    `end_later`: a batch that ran leaves its span open for the caller to end
+    (`end()`), after the engine's own work on its results: a process that
+    dies meanwhile died while that batch was served."""
     tracer = kernel_tracer()
     members = _normalise(requests)
     request_ids = [request_id for _, request_id in members if request_id is not None]
@@ -184,32 +201,31 @@ def forward_batch(
         batch_attributes[BATCH_UNTRACED] = len(members) - len(traced)
     batch_attributes.update(attributes or {})
     links = [Link(span_context, {REQUEST_ID: request_id} if request_id else None) for span_context, request_id in traced]
-    parent = ids = None
-    if len(members) == 1 and traced:
-        parent = trace.set_span_in_context(trace.NonRecordingSpan(traced[0][0]))
-    elif batch_key is not None:
-        ids = _keyed_ids(tracer)
+    parent = traced[0][0] if len(members) == 1 and traced else None
+    if file_only(tracer, len(links)):  # the trace file alone: its records written straight (record/file_spans.py)
+        batch = FileSpan(name, parent or trace.get_current_span().get_span_context(), batch_attributes, links,
+                         keyed=None if parent is not None or batch_key is None else functools.partial(_keyed_trace_id, batch_key))
+
+        def start_request(span_context, request_id, batch_link):
+            return FileSpan(f"{name}.request", span_context, {REQUEST_ID: request_id} if request_id else {}, batch_link)
+    else:
+        ids = _keyed_ids(tracer) if parent is None and batch_key is not None else None
         if ids is not None:
             ids.keyed(batch_key)
-    try:
-        batch = tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL, attributes=batch_attributes,
-                                  links=links)
-    finally:
-        if ids is not None:
-            ids.forget()
+        try:
+            batch = tracer.start_span(name, context=None if parent is None else _context_of(parent),
+                                      kind=SpanKind.INTERNAL, attributes=batch_attributes, links=links)
+        finally:
+            if ids is not None:
+                ids.forget()
+
+        def start_request(span_context, request_id, batch_link):
+            return tracer.start_span(f"{name}.request", context=_context_of(span_context), kind=SpanKind.INTERNAL,
+                                     attributes={REQUEST_ID: request_id} if request_id else None, links=batch_link)
     request_spans = []
     if len(members) > 1:
         batch_link = [Link(batch.get_span_context(), {BATCH_SIZE: len(members)})]
-        for span_context, request_id in traced:
-            request_spans.append(
-                tracer.start_span(
-                    f"{name}.request",
-                    context=trace.set_span_in_context(trace.NonRecordingSpan(span_context)),
-                    kind=SpanKind.INTERNAL,
-                    attributes={REQUEST_ID: request_id} if request_id else None,
-                    links=batch_link,
-                )
-            )
+        request_spans = [start_request(span_context, request_id, batch_link) for span_context, request_id in traced]
     published = batches.Batch(
         tuple((span.get_span_context(), request_id) for span, (_, request_id) in zip(request_spans, traced)),
         [request_id if request_id is not None else f"#{position}" for position, (_, request_id) in enumerate(members)],
@@ -217,8 +233,10 @@ def forward_batch(
     state = per_thread.state
     calls_before = state[CALLS]
     token = context_api.attach(batches.publish(published, trace.set_span_in_context(batch)))
+    kept = False  # a batch that ran, its span left open (end_later)
     try:
         yield batch
+        kept = end_later
     except BaseException as exc:
         record_failure(batch, exc)
         for span in request_spans:
@@ -229,4 +247,5 @@ def forward_batch(
         calls = state[CALLS] - calls_before
         for span in (*request_spans, batch):
             span.set_attribute(BATCH_KERNEL_CALLS, calls)
-            span.end()
+            if span is not batch or not kept:
+                span.end()

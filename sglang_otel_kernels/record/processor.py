@@ -145,6 +145,43 @@ _REMEMBERED = 64
 _MAX_OPEN = 4096
 
 
+def write_start(writer: "tracefile.TraceFileWriter", context, parent, attributes: dict, links: tuple, name: str,
+                scope: int, start: int, kind: int, _pack=tracefile.SPAN_START.pack, _encode=tracefile.encode,
+                _encoding=tracefile.ENCODING_SPAN_START, _per_thread=tracefile.per_thread) -> None:
+    """A span's start record: its ids, parent, name, start time, thread,
+    scope (a symbol of `writer`), kind, attributes and links; contexts are
+    SpanContexts (tuples: unpacked at once, their properties cost 45 ns each)."""
+    trace_id, span_id, _, trace_flags, _, _ = context
+    state = _per_thread.state
+    if state[NOTED] is not writer:
+        writer.note_thread(state)
+    flags = trace_flags & 1
+    parent_id = 0
+    if parent is not None:
+        _, parent_id, remote, parent_flags, _, _ = parent
+        if remote:
+            flags |= tracefile.FLAG_REMOTE_PARENT
+        if parent_flags & 1:
+            flags |= tracefile.FLAG_PARENT_SAMPLED
+    data = attributes
+    if links:
+        flags |= tracefile.FLAG_LINKS
+        data = (attributes, tuple(
+            (link.context.trace_id, link.context.span_id, dict(link.attributes or {})) for link in links))
+    symbol = writer.symbols.get(name) or writer.symbol(name)
+    if not symbol:  # no room in the name table (a name per request): written inline
+        flags |= tracefile.FLAG_INLINE_NAME
+        data = (name, data)
+    writer.write_record(_encoding, _pack(trace_id >> 64, trace_id & _LOW64, span_id, parent_id, start,
+                                         state[IDENT], symbol, scope, kind, flags) + _encode(data))
+
+
+def write_end(writer: "tracefile.TraceFileWriter", trace_id: int, span_id: int, end: int, code: int,
+              description: "str | None", events: tuple, attributes: dict) -> None:
+    """A span's end record: end time, status, `(name, time, attributes)` events, the final attributes."""
+    writer.append((tracefile.END, trace_id, span_id, end, code, description or "", events, attributes))
+
+
 class TraceFileProcessor(SpanProcessor):
     """Attached once per TracerProvider; writes to the current trace file.
 
@@ -191,47 +228,20 @@ class TraceFileProcessor(SpanProcessor):
         entry = self._scopes[id(scope)] = (scope, writer.symbols, writer.symbol(names))
         return entry
 
-    def on_start(self, span, parent_context=None, _pack=tracefile.SPAN_START.pack, _encode=tracefile.encode,
-                 _encoding=tracefile.ENCODING_SPAN_START, _per_thread=tracefile.per_thread) -> None:
+    def on_start(self, span, parent_context=None) -> None:
         writer = _current
         if writer is None or writer.failed or _unrecorded is not None and _unrecorded.active:
             return
         try:
             context, parent, attributes, links, name, scope, start, kind = self._start(span)
-            # SpanContext is a tuple: unpacked at once, its properties cost 45 ns each.
-            trace_id, span_id, _, trace_flags, _, _ = context
-            state = _per_thread.state
-            if state[NOTED] is not writer:
-                writer.note_thread(state)
-            thread = state[IDENT]
             attributes = _plain(attributes)
             unchanged = self._unchanged
             if len(attributes) <= _REMEMBERED and len(unchanged) < _MAX_OPEN:
-                unchanged[span_id] = attributes.copy()
-            flags = trace_flags & 1
-            parent_id = 0
-            if parent is not None:
-                _, parent_id, remote, parent_flags, _, _ = parent
-                if remote:
-                    flags |= tracefile.FLAG_REMOTE_PARENT
-                if parent_flags & 1:
-                    flags |= tracefile.FLAG_PARENT_SAMPLED
-            links = _items(links)
-            data = attributes
-            if links:
-                flags |= tracefile.FLAG_LINKS
-                data = (attributes, tuple(
-                    (link.context.trace_id, link.context.span_id, dict(link.attributes or {})) for link in links))
-            symbol = writer.symbols.get(name) or writer.symbol(name)
-            if not symbol:  # no room in the name table (a name per request): written inline
-                flags |= tracefile.FLAG_INLINE_NAME
-                data = (name, data)
+                unchanged[context[1]] = attributes.copy()
             entry = self._scopes.get(id(scope))
             if entry is None or entry[1] is not writer.symbols:
                 entry = self._scope(writer, scope)
-            writer.write_record(_encoding, _pack(
-                trace_id >> 64, trace_id & _LOW64, span_id, parent_id, start, thread, symbol, entry[2],
-                kind._value_, flags) + _encode(data))
+            write_start(writer, context, parent, attributes, _items(links), name, entry[2], start, kind._value_)
         except Exception as exc:
             warn_failed_once("trace-file record", exc)
 
@@ -255,7 +265,7 @@ class TraceFileProcessor(SpanProcessor):
                 writer.write_record(_encoding, _compact(span_id, end, code))
                 return
             events = tuple((event.name, event.timestamp, dict(event.attributes or {})) for event in events)
-            writer.append((tracefile.END, trace_id, span_id, end, code, description or "", events, attributes))
+            write_end(writer, trace_id, span_id, end, code, description, events, attributes)
         except Exception as exc:
             warn_failed_once("trace-file record", exc)
 

@@ -1,0 +1,148 @@
+"""Spans written straight into the trace file, for a provider that would hand
+them to the trace file's processor and nothing else (this package's own
+provider, whose export, if any, is the sidecar's that follows the file).
+
+A serving engine opens a batch span per forward pass: on SGLang's real server
+that is one per decode step, on its hot path. Through the SDK a span costs its
+sampler, id generator, attribute checks and processor chain, about 50 us here,
+to produce the two records `FileSpan` writes itself (the processor's own
+`write_start` / `write_end`). Where the provider has anything else to feed (an
+exporter, an application's processors, another sampler, limits), spans go
+through the SDK as before (`file_only`).
+"""
+
+from __future__ import annotations
+
+import random
+from time import time_ns
+from typing import Any, Callable, Mapping, Sequence
+
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import Tracer
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from .._version import __version__
+from ..notices import warn_failed_once
+from ..schema import TRACER_NAME
+from . import processor as _processor
+from .spans import exception_event
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_SCOPE = (TRACER_NAME, __version__)
+_UNSET, _OK = StatusCode.UNSET.value, StatusCode.OK.value
+
+
+def file_only(tracer: Any, links: int = 0) -> bool:
+    """Whether every span `tracer` starts (with up to `links` links) would be
+    recorded whole and reach the trace file's processor alone: an SDK tracer
+    whose provider has that processor only, samples everything, makes random
+    ids, and has no attribute length limit and room for the links and a batch
+    span's attributes (the SDK keeps these privately: anything else, the SDK path)."""
+    if (type(tracer) is not Tracer or tracer.sampler is not ALWAYS_ON
+            or not getattr(getattr(tracer, "_tracer_config", None), "is_enabled", True)):
+        return False
+    ids = tracer.id_generator
+    if type(getattr(ids, "inner", ids)) is not RandomIdGenerator:  # (`inner`: forward_batch's keyed wrapper)
+        return False
+    processors = getattr(getattr(tracer, "span_processor", None), "_span_processors", None)
+    limits = getattr(tracer, "_span_limits", None)
+    return (isinstance(processors, tuple) and bool(processors)
+            and all(type(p) is _processor.TraceFileProcessor for p in processors)
+            and limits is not None and limits.max_attribute_length is None
+            and (limits.max_span_attributes is None or limits.max_span_attributes >= 16)
+            and (limits.max_links is None or limits.max_links >= links))
+
+
+def _checked(attributes: "Mapping[str, Any] | None") -> dict:
+    """Attributes given by the caller, as the SDK keeps them (invalid values dropped, with its warning)."""
+    return dict(BoundedAttributes(attributes=attributes, immutable=False)) if attributes else {}
+
+
+class FileSpan(trace.Span):
+    """A recording span whose start and end are trace-file records. Its
+    attributes at the start are the caller's own, trusted (`forward_batch`
+    builds them); those set later are checked as the SDK checks them."""
+
+    def __init__(self, name: str, parent: "SpanContext | None", attributes: dict,
+                 links: Sequence[Link] = (), kind: SpanKind = SpanKind.INTERNAL,
+                 keyed: "Callable[[], int] | None" = None, _bits=random.getrandbits) -> None:
+        """`parent`: None or an invalid context for a root span, whose trace id
+        `keyed()` gives where it is given (a batch's, the same on every rank)."""
+        state = None
+        if parent is not None and parent.is_valid:
+            trace_id, state = parent.trace_id, parent.trace_state
+        else:
+            parent = None
+            trace_id = keyed() if keyed is not None else _bits(128) or 1
+        self._context = SpanContext(trace_id, _bits(64) or 1, False, _SAMPLED, state)
+        self._attributes = attributes
+        self._events: list = []
+        self._status, self._description = _UNSET, None
+        self._ended = False
+        writer = _processor.current_writer()
+        if writer is None or writer.failed:
+            return
+        try:
+            scope = writer.symbols.get(_SCOPE) or writer.symbol(_SCOPE)
+            _processor.write_start(writer, self._context, parent, attributes, tuple(links), name, scope, time_ns(),
+                                   kind.value)
+        except Exception as exc:
+            warn_failed_once("trace-file record", exc)
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return not self._ended
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self._ended:
+            return
+        if type(key) is str and key and type(value) in (int, str, bool, float):  # what the SDK's check lets through
+            self._attributes[key] = value
+        else:
+            self._attributes.update(_checked({key: value}))
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        if not self._ended:
+            self._attributes.update(_checked(attributes))
+
+    def add_event(self, name: str, attributes: "Mapping[str, Any] | None" = None,
+                  timestamp: int | None = None) -> None:
+        if not self._ended:
+            self._events.append((name, timestamp or time_ns(), _checked(attributes)))
+
+    def add_link(self, context: SpanContext, attributes: "Mapping[str, Any] | None" = None) -> None:
+        """Links are written with the start record: one added later is not kept (as in the file through the SDK)."""
+
+    def update_name(self, name: str) -> None:
+        """The name is written with the start record (as in the file through the SDK)."""
+
+    def set_status(self, status: "Status | StatusCode", description: str | None = None) -> None:
+        if self._ended or self._status == _OK:  # OK is final, as in the SDK
+            return
+        if isinstance(status, Status):
+            status, description = status.status_code, status.description
+        if status is not StatusCode.UNSET:
+            self._status = status.value
+            self._description = description if status is StatusCode.ERROR else None
+
+    def record_exception(self, exception: BaseException, attributes: "Mapping[str, Any] | None" = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:
+        self.add_event("exception", {**exception_event(exception), **(attributes or {})}, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        writer = _processor.current_writer()
+        if writer is None or writer.failed:
+            return
+        try:
+            _processor.write_end(writer, self._context.trace_id, self._context.span_id, end_time or time_ns(),
+                                 self._status, self._description, tuple(self._events), self._attributes)
+        except Exception as exc:
+            warn_failed_once("trace-file record", exc)
