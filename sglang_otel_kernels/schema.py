@@ -20,6 +20,11 @@ IN_FLIGHT_SECONDS = PREFIX + "in_flight_seconds"  # how long that call had been 
 # On a call in flight when its process died (the sidecar's export): the fatal signal the process recorded
 # (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL), or "none": killed from outside (SIGKILL) or the machine went down.
 FATAL_SIGNAL = "sglang.process.fatal_signal"
+# A process told to stop on purpose (a serving engine's shutdown request, the SIGTERM or SIGQUIT its
+# own handler took): a span of this name, at that moment, saying why in STOP_REASON. Its file then
+# reads "stopped", whether the process went on to exit or was killed by its parent while stopping.
+STOP_SPAN = "sglang.process.stop"
+STOP_REASON = "sglang.process.stop_reason"
 BLACKBOX = PREFIX + "blackbox"  # set by the reader on a call the black box recorded
 # A batched call that matters (failed, in flight at a death, hung, NaN/Inf out),
 # copied into a request trace of its batch: `<trace id>:<span id>` of the original.
@@ -69,3 +74,6 @@ BATCH_REQUEST_IDS = "sglang.batch.request_ids"
 BATCH_UNTRACED = "sglang.batch.untraced_requests"
 BATCH_KERNEL_CALLS = "sglang.batch.kernel_calls"  # on a batch and its `<batch>.request` spans, at their end
 REQUEST_ID = "sglang.request.id"
+# A serving engine's stage outside its batches ("init": a scheduler's start, SGLang's Scheduler.__init__,
+# where a rank that cannot start fails): a failure in it, or a death during it, is reported like a batch's.
+STAGE = "sglang.engine.stage"

@@ -1,7 +1,8 @@
 """How a process ended, read from what it left, in real processes: stopped
 with SIGTERM (recorded, then SIGTERM does what it did before: the default
 ends the process, an application's handler still runs, a forked worker
-stopped by its parent leaves the parent's file alone), a batch that raised
+stopped by its parent leaves the parent's file alone), told to stop (an
+engine's shutdown request: stopped, whether it then exits or is killed), a batch that raised
 outside every recorded call (a failure: its requests and innermost frames),
 and a process that died while a batch ran between kernel calls."""
 
@@ -48,6 +49,14 @@ if mode == "raises":
                        name="sglang.forward_batch"):
         rmsnorm(torch.ones(2))
         lookup(torch.ones(4), torch.tensor([7]))
+if mode in ("told then exits", "told then killed"):  # an engine's shutdown request, as SGLang's ShutdownReq
+    from sglang_otel_kernels.integrations.sglang import _record_stop
+    _record_stop("the engine's shutdown request")
+    if mode == "told then killed":  # its parent kills it while it stops
+        with forward_batch([], name="sglang.forward_batch", attributes={"sglang.batch.request_ids": ("r1",)}):
+            rmsnorm(torch.ones(2))
+            os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(0)
 if mode == "between":
     with forward_batch([], name="sglang.forward_batch", attributes={"sglang.batch.request_ids": ("r1", "r2")}):
         rmsnorm(torch.ones(2))
@@ -102,6 +111,21 @@ def test_a_worker_stopped_by_its_parent_leaves_the_parents_file_alone(tmp_path):
     assert "child 15" in out, out + err  # the worker still ends on SIGTERM
     document = json.loads(report(tmp_path, "--json").stdout)
     assert document["files"][0]["state"] == "died", document["files"]
+
+
+@pytest.mark.parametrize("mode", ["told then exits", "told then killed"])
+def test_a_process_told_to_stop_reads_as_stopped_whether_it_exits_or_is_killed(tmp_path, mode):
+    process = start(tmp_path, mode)
+    process.communicate(timeout=60)
+    assert process.returncode == (0 if mode == "told then exits" else -signal.SIGKILL)
+    text = report(tmp_path)
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert "stopped (told to stop: the engine's shutdown request)" in text.stdout, text.stdout
+    assert "died" not in text.stdout and "CRASHED" not in text.stdout, text.stdout
+    document = json.loads(report(tmp_path, "--json").stdout)
+    [info] = document["files"]
+    assert (info["state"], info["stop_reason"]) == ("stopped", "the engine's shutdown request"), info
+    assert not document["crashed"] and not document["batches_at_death"]
 
 
 def test_a_batch_that_raised_outside_every_recorded_call_is_a_failure(tmp_path):

@@ -3,6 +3,7 @@
 now, never committed), in a package tree beside stand-ins for the SGLang
 modules that import it (a layer, a custom op, a quant method, a scheduler)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -60,6 +61,10 @@ from sglang.srt.layers.norm import rmsnorm
 
 
 class Scheduler:
+    def __init__(self, fail=False):
+        if fail:  # as a second rank fails on the CPU, in SGLang's PyNcclCommunicator
+            raise ValueError("Expected a cuda device, but got: cpu")
+
     def run_batch(self, batch):
         return [rmsnorm(req.x, req.x.new_ones(req.x.shape[-1])) for req in batch.reqs]
 
@@ -162,6 +167,40 @@ def test_batches_attach_kernels_to_sglangs_request_traces(sglang_tree, tmp_path)
     # Each request's trace holds a span that links back to the batch.
     requests = by_name["sglang.forward_batch.request"]
     assert sorted((r.trace_id, r.parent_span_id) for r in requests) == roots
+
+
+def test_a_scheduler_that_fails_to_start_is_a_failure(sglang_tree, tmp_path):
+    """SGLang's run_scheduler_process catches the exception of Scheduler(...),
+    tells its parent and returns: the process ends normally, and its file
+    names the failed start, its exception and where it was raised."""
+    tree, _ = sglang_tree
+    proc = launch(tree, tmp_path, """
+        import torch
+        from sglang.srt.managers import scheduler
+        import sglang_otel_kernels as sok
+        scheduler.Scheduler()  # a rank that starts
+        try:
+            scheduler.Scheduler(fail=True)
+        except ValueError:
+            pass  # as run_scheduler_process: logged, the parent told, then return
+        print(sok.trace_file_path())
+    """, "--level", "1")
+    assert proc.returncode == 0, proc.stderr
+    path = proc.stdout.strip().splitlines()[-1]
+    inits = [span for span in sok.read_trace(path) if span.name == "sglang.scheduler.init"]
+    assert [span.status_code for span in inits] == ["UNSET", "ERROR"]
+    assert all(span.attributes["sglang.engine.stage"] == "init" for span in inits)
+    text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", path], capture_output=True,
+                          text=True, timeout=120, env=clean_env())
+    assert text.returncode == 1, text.stdout + text.stderr
+    first = text.stdout.splitlines()[0]
+    assert first.startswith("the engine init sglang.scheduler.init failed in __init__ (scheduler.py:"), first
+    assert first.endswith("ValueError: Expected a cuda device, but got: cpu"), first
+    assert "  the engine's init stage" in text.stdout, text.stdout
+    [failed] = json.loads(subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--json", path],
+                                         capture_output=True, text=True, timeout=120, env=clean_env()).stdout
+                          )["failed_batches"]
+    assert failed["stage"] == "init" and failed["request_ids"] == [] and failed["frames"][0]["function"] == "__init__"
 
 
 def test_install_and_uninstall_in_process(sglang_tree, monkeypatch):

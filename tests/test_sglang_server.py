@@ -4,14 +4,16 @@ user starts it: `sglang-otel-kernels run -- python -m sglang.launch_server
 dependencies, kept outside the checkout), serving a tiny Llama made offline
 (tests/tiny_llama.py). Nothing here is a stand-in: SGLang's tokenizer,
 scheduler and model runner run, and are crashed, poisoned, killed and
-stopped as they are in production. Three server starts:
+stopped as they are in production. Five server starts:
 
 - an out-of-vocabulary token (IndexError in the embedding lookup; on a GPU a
   device-side assert), with SGLang's own request tracing and the package's
   export into one Collector and a real Jaeger;
 - a model with +inf in one layer's weight at level 5, then SIGKILL of the
   scheduler mid-request (the OOM killer's way);
-- SIGTERM to every process of the server (systemd's way).
+- SIGTERM to every process of the server (systemd's way), and to its
+  launcher alone;
+- `--tp 2`, which fails to start on the CPU.
 """
 
 import json
@@ -319,28 +321,65 @@ def test_poisoned_layer_then_sigkill_mid_request(sglang_python, models, tmp_path
         assert "while its batch sglang.forward_batch served request long-1" in first, first
 
 
-def test_server_stopped_with_sigterm_reads_as_stopped(sglang_python, models, tmp_path):
-    """SIGTERM to every process of the server, as systemd stops a service:
-    the scheduler's file reads as stopped (its SIGTERM recorded), not dead,
-    and the report exits 0."""
+def test_tp2_on_the_cpu_fails_to_start_and_the_report_says_where(sglang_python, models, tmp_path):
+    """`--tp 2` does not run on the CPU in SGLang 0.5.23: each rank's
+    Scheduler(...) fails in PyNcclCommunicator. Both rank files are
+    identified, and the verdict names the failed start and where it failed."""
+    command = [sglang_python, "-m", "sglang_otel_kernels", "run", "--level", "1", "--", sglang_python, "-m",
+               "sglang.launch_server", "--model-path", models["dummy"], "--load-format", "dummy", "--device", "cpu",
+               "--skip-server-warmup", "--tp", "2", "--max-total-tokens", "4096", "--host", "127.0.0.1",
+               "--port", str(port())]
+    # One core a rank, so that SGLang's one-rank-per-NUMA-node check lets both ranks start.
+    environment = clean_env(PYTHONPATH=ROOT, SGLANG_USE_CPU_ENGINE="1", SGLANG_KERNEL_API_LOGDEST="off",
+                            SGLANG_CPU_OMP_THREADS_BIND="0|1",
+                            SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"))
+    proc = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True,
+                          timeout=START_SECONDS, start_new_session=True)
+    assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    paths = sorted(str(path) for path in tmp_path.glob("*.sgltrace"))
+    assert len(paths) == 2, (paths, proc.stderr[-3000:])
+    text = report(*paths)
+    assert text.returncode == 1, text.stdout + text.stderr
+    first = text.stdout.splitlines()[0]
+    assert "engine init sglang.scheduler.init failed in" in first and "pynccl.py" in first, first
+    assert first.endswith("ValueError: Expected a cuda device, but got: cpu"), first
+    document = json.loads(report("--json", *paths).stdout)
+    assert sorted(rank["rank"] for rank in document["cross_rank"]["ranks"]) == [0, 1]
+    assert [batch["stage"] for batch in document["failed_batches"]] == ["init", "init"]
+
+
+@pytest.mark.parametrize("whom", ["every process", "the launcher"])
+def test_server_stopped_with_sigterm_reads_as_stopped(sglang_python, models, tmp_path, whom):
+    """SIGTERM to every process of the server, as systemd stops a service, or
+    to its launcher alone, which drains and sends its scheduler SGLang's
+    ShutdownReq: every file reads as stopped (the SIGTERM it recorded, or
+    what told it to stop), none as dead, and the report exits 0."""
     server = Server(sglang_python, tmp_path, models["dummy"], 1, dummy=True)
     try:
         status, answer = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 4}, "rid": "ok-1"})
         assert status == 200, answer
         processes = server.pids()
         scheduler = processes["sglang::scheduler"]
-        for pid in processes.values():
+        for pid in processes.values() if whom == "every process" else [processes["launcher"]]:
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
         server.wait_gone(scheduler)
+        server.process.wait(timeout=120)
     finally:
         server.close()
-    [path] = server.trace_files()
-    text = report(path)
+    paths = server.trace_files()
+    text = report(*paths)
     assert text.returncode == 0, text.stdout + text.stderr
-    assert "rank 0: stopped (SIGTERM recorded)" in text.stdout, text.stdout
+    assert "rank 0: stopped (" in text.stdout, text.stdout
     assert "died" not in text.stdout and "CRASHED" not in text.stdout, text.stdout
-    document = json.loads(report("--json", path).stdout)
-    assert document["files"][0]["state"] == "stopped" and not document["crashed"]
+    document = json.loads(report("--json", *paths).stdout)
+    assert not document["crashed"]
+    states = {info["pid"]: (info["state"], info["stop_reason"], info["fatal_signal"]) for info in document["files"]}
+    assert states[scheduler][0] == "stopped", states
+    if whom == "the launcher":  # SGLang drained, then told its scheduler to stop, which exited
+        assert states[scheduler][1] == "SGLang's ShutdownReq from its launcher", states
+        assert "rank 0: stopped (told to stop: SGLang's ShutdownReq from its launcher)" in text.stdout, text.stdout
+        assert states[processes["launcher"]] == ("stopped", "SIGTERM, taken by SGLang's handler", None), states
+    assert all(state == "stopped" for state, _, _ in states.values()), states

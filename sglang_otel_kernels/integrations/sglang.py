@@ -6,7 +6,9 @@ before SGLang's layers import them from it, so every kernel SGLang decorates
 and text log. With SGLang's request tracing on (`--enable-trace`), SGLang
 installs its TracerProvider, which kernel spans then share, and each
 `Scheduler.run_batch` runs inside a `forward_batch` span linked to the root
-span of every request in the batch, so kernels attach to its request traces
+span of every request in the batch (it ends once `process_batch_result` has
+processed the batch's results: a scheduler killed in between died serving
+it), so kernels attach to its request traces
 (with each request's rows: NaN/Inf in an output is traced to its requests);
 the batch's trace id comes from its step and requests, so the tensor-parallel
 ranks' kernels of one batch share a trace. The collectives of its
@@ -31,12 +33,13 @@ spawned scheduler and worker processes included).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
 import sys
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .. import config as _config
 from ..capture import import_hooks
@@ -53,6 +56,17 @@ GRAPH_RUNNERS = {"sglang.srt.model_executor.runner.decode_cuda_graph_runner": "D
 GRAPH_BACKEND_MODULE = "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend"
 FUSED_OP_MODULE = "sglang.kernels.fused_op"
 MODEL_RUNNER_MODULE = "sglang.srt.model_executor.model_runner"
+TOKENIZER_MANAGER_MODULE = "sglang.srt.managers.tokenizer_manager"
+# Where SGLang is told to stop (0.5.23), recorded as a stop so that a server
+# stopped on purpose reads "stopped", not "ended" or "died": its launcher's
+# handlers (run in its event loop: no signal-time writes) and the scheduler's
+# ShutdownReq, after which it exits, or its launcher kills it.
+STOPS = {
+    (TOKENIZER_MANAGER_MODULE, "SignalHandler", "sigterm_handler"): "SIGTERM, taken by SGLang's handler",
+    (TOKENIZER_MANAGER_MODULE, "SignalHandler", "running_phase_sigquit_handler"):
+        "SIGQUIT from SGLang's launcher: one of its processes failed",
+    (SCHEDULER_MODULE, "Scheduler", "handle_shutdown"): "SGLang's ShutdownReq from its launcher",
+}
 # Where crashes happen that SGLang's logger does not see (0.5.23): the
 # embedding lookup (an out-of-vocabulary token: IndexError on the CPU, a
 # device-side assert on a GPU), the logits and the sampler. Named as SGLang
@@ -67,6 +81,8 @@ QUANT_METHODS = ("apply", "embedding")  # a layer's quant method's recorded call
 MAX_REPLAY_REQUESTS = 64  # request ids a replay's span names (its batch span names them all)
 NAMES = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
 BATCH_SPAN = "sglang.forward_batch"
+SCHEDULER_INIT_SPAN = "sglang.scheduler.init"
+_OPEN_BATCH = "_sglang_otel_kernels_open_batch"  # on a Scheduler: (its batch, its span) until its results are processed
 LOGDEST = "SGLANG_KERNEL_API_LOGDEST"
 
 _installed: Instrumentation | None = None
@@ -96,6 +112,8 @@ def install() -> Instrumentation:
             handle.on_undo(instrument(path, op_name=name).undo)
         handle.on_undo(import_hooks.when_imported(FUSED_OP_MODULE, functools.partial(_patch_fused_ops, handle)))
         handle.on_undo(import_hooks.when_imported(MODEL_RUNNER_MODULE, functools.partial(_patch_model_runner, handle)))
+        for module in dict.fromkeys(module for module, _, _ in STOPS):
+            handle.on_undo(import_hooks.when_imported(module, functools.partial(_patch_stops, handle)))
     _installed = handle
     return handle
 
@@ -204,22 +222,109 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
         if not learnt:  # a scheduler made without its __init__ (or before the ranks were published)
             learnt.append(True)
             _learn_ranks()
+        _end_open_batch(self)  # one whose results were never processed
         requests = [_request_context(request) for request in (getattr(batch, "reqs", None) or ())]
         # Every tensor-parallel rank runs the same step on the same requests: one trace for all.
         key = (getattr(self, "forward_ct", None), tuple(str(rid) for _, rid in requests))
-        with forward_batch(requests, name=BATCH_SPAN, batch_key=key, rows=_rows(batch, len(requests))):
-            return original(self, batch, *args, **kwargs)
+        with forward_batch(requests, name=BATCH_SPAN, batch_key=key, rows=_rows(batch, len(requests)),
+                           end_later=processes_results) as span:
+            result = original(self, batch, *args, **kwargs)
+        if processes_results:
+            self.__dict__[_OPEN_BATCH] = (batch, span)
+        return result
 
     handle.add(Patch(scheduler, "run_batch", run_batch))
+    process = getattr(scheduler, "process_batch_result", None)
+    processes_results = process is not None
+    if processes_results:
+        @functools.wraps(process)
+        def process_batch_result(self, batch, *args, **kwargs):
+            # The batch's span ends once its results are processed (the scheduler's own Python, a
+            # good part of a step on the CPU): a scheduler killed meanwhile died serving that batch.
+            open_batch = self.__dict__.get(_OPEN_BATCH)
+            if open_batch is None or open_batch[0] is not batch:  # overlapped: ended by the next run_batch
+                return process(self, batch, *args, **kwargs)
+            del self.__dict__[_OPEN_BATCH]
+            with _ending(open_batch[1]):
+                return process(self, batch, *args, **kwargs)
+
+        handle.add(Patch(scheduler, "process_batch_result", process_batch_result))
     init = scheduler.__init__
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
         # Ranks known before the model loads and its kernels run (the first batch looks again).
         _learn_ranks()
-        return init(self, *args, **kwargs)
+        # The start is a stage of its own: a rank that cannot start (SGLang's run_scheduler_process
+        # catches the exception, tells its parent and returns) fails in it, and one killed while it
+        # loads dies in it, named in the report like a batch.
+        from opentelemetry import trace
+
+        from ..schema import STAGE
+
+        stage = _engine_span(SCHEDULER_INIT_SPAN, {STAGE: "init"})
+        with _ending(stage), trace.use_span(stage, end_on_exit=False, record_exception=False,
+                                            set_status_on_exception=False):
+            return init(self, *args, **kwargs)
 
     handle.add(Patch(scheduler, "__init__", __init__))
+
+
+def _patch_stops(handle: Instrumentation, module: Any) -> None:
+    for (name, owner, method), reason in STOPS.items():
+        original = getattr(getattr(module, owner, None), method, None) if name == module.__name__ else None
+        if original is not None:
+            handle.add(Patch(getattr(module, owner), method, _then_stop(original, reason)))
+
+
+def _then_stop(original: Callable, reason: str) -> Callable:
+    @functools.wraps(original)
+    def stopping(*args, **kwargs):
+        _record_stop(reason)
+        return original(*args, **kwargs)
+    return stopping
+
+
+def _record_stop(reason: str) -> None:
+    """A `sglang.process.stop` span saying why this process was told to stop
+    (its trace file then reads "stopped")."""
+    from ..schema import STOP_REASON, STOP_SPAN
+
+    _engine_span(STOP_SPAN, {STOP_REASON: reason}).end()
+
+
+@contextlib.contextmanager
+def _ending(span: Any) -> Iterator[None]:
+    """Ends `span` after the block, the block's exception recorded on it (status ERROR)."""
+    from ..record.spans import record_failure  # torch is imported by the time SGLang runs
+
+    try:
+        yield
+    except BaseException as exc:
+        record_failure(span, exc)
+        raise
+    finally:
+        span.end()
+
+
+def _end_open_batch(scheduler: Any) -> None:
+    open_batch = scheduler.__dict__.pop(_OPEN_BATCH, None)
+    if open_batch is not None:
+        open_batch[1].end()
+
+
+def _engine_span(name: str, attributes: dict) -> Any:
+    """A span of the engine's own (a stage, a stop) beside the kernel spans; a
+    non-recording one where it cannot be made: SGLang goes on regardless."""
+    from opentelemetry import trace
+
+    try:
+        from ..capture.decorator import kernel_tracer
+
+        return kernel_tracer().start_span(name, attributes=attributes)
+    except Exception as exc:
+        warn_failed_once(f"recording {name}", exc)
+        return trace.INVALID_SPAN
 
 
 def _patch_coordinator(handle: Instrumentation, module: Any) -> None:

@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any
 
-from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, MODULE, NAME
+from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, MODULE, NAME, STAGE
 from .reader import RecoveredSpan, TraceFileContents
 
 FRAMES = 6  # innermost frames kept of a batch's exception
@@ -22,9 +22,28 @@ _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def is_batch(span: RecoveredSpan) -> bool:
-    """A batch span: no kernel call, but a batch's requests or size."""
+    """A batch span (no kernel call, but a batch's requests or size), or an
+    engine's stage span (a scheduler's start), reported alike."""
     attributes = span.attributes
-    return NAME not in attributes and (BATCH_REQUEST_IDS in attributes or BATCH_SIZE in attributes)
+    return NAME not in attributes and (BATCH_REQUEST_IDS in attributes or BATCH_SIZE in attributes
+                                       or STAGE in attributes)
+
+
+def stage_of(span: RecoveredSpan) -> "str | None":
+    """An engine stage span's stage (`init`), or None: a batch."""
+    stage = span.attributes.get(STAGE)
+    return stage[:64] if isinstance(stage, str) and stage else None
+
+
+def batch_words(name: str, request_ids: list[str], stage: "str | None") -> str:
+    """`batch sglang.forward_batch (request bad-req-1)`, or a stage's `engine init sglang.scheduler.init`."""
+    return f"engine {stage} {name}" if stage else f"batch {name} ({requests_text(request_ids)})"
+
+
+def at_death_words(name: str, request_ids: list[str], stage: "str | None") -> str:
+    """`while its batch sglang.forward_batch served request long-1`, or `during its engine init sglang.scheduler.init`."""
+    return f"during its {batch_words(name, request_ids, stage)}" if stage else \
+        f"while its batch {name} served {requests_text(request_ids)}"
 
 
 def request_ids(span: RecoveredSpan) -> list[str]:
@@ -112,6 +131,7 @@ def batch_summary(span: RecoveredSpan, contents: TraceFileContents, process: dic
     return {
         "name": span.name, **process, "start": start,
         "state": "running" if span.in_flight else "error",
+        "stage": stage_of(span),
         "request_ids": ids,
         "exception": None if exception is None else {"type": exception["type"], "message": exception["message"]},
         "description": span.status_description,
@@ -125,10 +145,10 @@ def batch_summary(span: RecoveredSpan, contents: TraceFileContents, process: dic
 
 
 def failure_sentence(batch: dict[str, Any]) -> str:
-    """`batch sglang.forward_batch (request bad-req-1) failed in <where>: IndexError: ...`"""
+    """`batch sglang.forward_batch (request bad-req-1) failed in <where>: IndexError: ...`, or a stage's."""
     exception = batch["exception"]
     said = f"{exception['type']}: {exception['message']}" if exception else batch["description"] or "an error"
-    return f"batch {batch['name']} ({requests_text(batch['request_ids'])}) failed in {batch['where']}: {said}"
+    return f"{batch_words(batch['name'], batch['request_ids'], batch.get('stage'))} failed in {batch['where']}: {said}"
 
 
 def after_failure(contents: TraceFileContents) -> "dict[str, Any] | None":

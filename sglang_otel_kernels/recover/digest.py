@@ -19,7 +19,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
-from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, COPY_OF, GRAPH_REPLAY, NAME
+from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, COPY_OF, GRAPH_REPLAY, NAME, STOP_SPAN
 from .batch_failures import is_batch
 from .reader import RecoveredSpan, TraceFileContents, TraceFileError
 
@@ -54,7 +54,7 @@ def digest(contents: TraceFileContents, last: int = 10) -> Digest:
     for span in contents.spans:
         attributes = span.attributes
         if NAME not in attributes:
-            if span.in_flight or (span.status_code == "ERROR" and is_batch(span)):
+            if span.in_flight or (span.status_code == "ERROR" and is_batch(span)) or span.name == STOP_SPAN:
                 keep.add(span.span_id)
             continue
         row = summary.get(span.name)

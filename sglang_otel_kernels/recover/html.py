@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from ..schema import COLLECTIVE_OP
-from .batch_failures import failure_sentence, requests_text
+from .batch_failures import at_death_words, failure_sentence
 from .ranks import ending_text
 from .reader import RecoveredSpan, TraceFileContents
 from .report import (batch_lines, build_report, call_lines, call_summary, fault_lines, is_kernel, produced_nonfinite,
@@ -138,7 +138,8 @@ def _rank_lanes(report: dict[str, Any], contents: list[TraceFileContents], axis:
             if content is None:
                 continue
             spans = sorted((s for s in content.spans if is_kernel(s)), key=lambda s: s.start_time)[-MAX_CALLS_PER_TRACK:]
-            label = f"rank {rank['rank']}: {rank['state']}{ending_text(rank.get('fatal_signal'))}, pid {rank['pid']}"
+            label = (f"rank {rank['rank']}: {rank['state']}{ending_text(rank.get('fatal_signal'), rank.get('stop_reason'))}"
+                     f", pid {rank['pid']}")
             marked = suspects.get(rank["rank"])
             if marked is not None:
                 label += f" (suspect {marked[0]}: {marked[1]['reason']})"
@@ -160,8 +161,9 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
     suspects = sum(len(job["suspects"]) for job in report.get("cross_rank_jobs") or ())
     at_death = report.get("batches_at_death") or []
     if report["crashed"] and not any(call["in_flight_in_dead_process"] for call in report["in_flight"]) and at_death:
-        verdict = ("crashed", f"CRASHED: the process died while its batch {at_death[0]['name']} served "
-                   f"{requests_text(at_death[0]['request_ids'])}, between kernel calls")
+        batch = at_death[0]
+        verdict = ("crashed", f"CRASHED: the process died {at_death_words(batch['name'], batch['request_ids'], batch.get('stage'))}"
+                   ", between kernel calls")
     elif report["crashed"]:
         endings = {info.get("fatal_signal") for info in report["files"] if info.get("state") == "died"}
         verdict = ("crashed", "CRASHED: a kernel call was running when the process died"

@@ -33,8 +33,10 @@ from ..schema import (COLLECTIVE_GROUP as GROUP, COLLECTIVE_GROUP_RANKS as GROUP
                       COLLECTIVE_INPUT_DTYPES as INPUT_DTYPES, COLLECTIVE_INPUT_SHAPES as INPUT_SHAPES,
                       COLLECTIVE_OP as OP, COLLECTIVE_OUTPUT_DTYPES as OUTPUT_DTYPES,
                       COLLECTIVE_OUTPUT_SHAPES as OUTPUT_SHAPES, COLLECTIVE_PEER as PEER, COLLECTIVE_REDUCE_OP as REDUCE_OP,
-                      COLLECTIVE_ROOT as ROOT, COLLECTIVE_SEQ as SEQ, COLLECTIVE_TAG as TAG, NAME, RECVS, SENDS)
-from .batch_failures import after_failure, after_failure_text, failure_of, is_batch, request_ids, requests_text
+                      COLLECTIVE_ROOT as ROOT, COLLECTIVE_SEQ as SEQ, COLLECTIVE_TAG as TAG, NAME, RECVS, SENDS, STOP_REASON,
+                      STOP_SPAN)
+from .batch_failures import (after_failure, after_failure_text, at_death_words, batch_words, failure_of, is_batch,
+                             request_ids, stage_of)
 from .reader import RecoveredSpan, TraceFileContents
 # Ops whose tensors may differ in size from rank to rank (uneven splits).
 _UNEVEN = ("all_to_all", "all_to_all_single", "all_gatherv", "reduce_scatterv")
@@ -85,11 +87,24 @@ FROZEN_NS = int(5e9)
 
 
 def state_of(contents: TraceFileContents, now: int) -> str:
-    """running, frozen (alive, its heartbeat stopped), ended (exited normally),
-    stopped (ended by the SIGTERM it recorded: on purpose) or died."""
+    """running, frozen (alive, its heartbeat stopped), ended (exited
+    normally), stopped (on purpose: ended by the SIGTERM it recorded, or told
+    to stop, then exited or was killed while stopping; `stop_reason`) or died."""
     if contents.live:
         return "frozen" if contents.heartbeat and now - contents.heartbeat > FROZEN_NS else "running"
+    if stop_reason(contents) is not None:
+        return "stopped"
     return "ended" if contents.exited else "stopped" if contents.fatal_signal == "SIGTERM" else "died"
+
+
+def stop_reason(contents: TraceFileContents) -> "str | None":
+    """Why the process was told to stop (its last STOP_SPAN: "SIGTERM", an
+    engine's shutdown request), or None: never told."""
+    for span in reversed(contents.spans):
+        if span.name == STOP_SPAN:
+            reason = span.attributes.get(STOP_REASON)
+            return reason[:200] if isinstance(reason, str) and reason else "stop requested"
+    return None
 
 
 def silent_stack(contents: TraceFileContents, kernels: list[RecoveredSpan]) -> "tuple | None":
@@ -420,6 +435,9 @@ class _Verdict:
                     f"{ending_text(rank.contents.fatal_signal)}")
         if rank.state == "ended":
             return f"ended normally (at {timestamp(rank.contents.last_alive, date=False)})"
+        if rank.state == "stopped":
+            return (f"was stopped on purpose (at {timestamp(rank.contents.last_alive, date=False)})"
+                    f"{ending_text(rank.contents.fatal_signal, stop_reason(rank.contents))}")
         last = max((s.end_time or 0 for s in rank.kernels), default=0)
         since = f"; its last call ended {_seconds_text((rank.now - last) / 1e9)} ago" if last else ""
         return f"is idle (no call in flight{since})"
@@ -510,7 +528,7 @@ class _Verdict:
             inside, _, where = failure_of(failed, rank.contents.spans) if failed is not None else (None, [], "")
             if failed is not None and (inside is None or OP not in inside.attributes):  # a collective's: a victim
                 add((1, failed.end_time or failed.start_time), rank, "raised", inside or failed,
-                    f"rank {rank.rank}'s batch {failed.name} ({requests_text(request_ids(failed))}) failed in "
+                    f"rank {rank.rank}'s {batch_words(failed.name, request_ids(failed), stage_of(failed))} failed in "
                     f"{where}: {failed.status_description}{also(rank)}")
                 continue
             raised = min((s for s in rank.failed if OP not in s.attributes), key=lambda s: s.end_time or 0, default=None)
@@ -584,9 +602,9 @@ class _Verdict:
                 batch = rank.innermost(rank.batches_in_flight)
                 if batch is not None and rank.state == "died" and not rank.in_flight:
                     add((6, batch.start_time), rank, "died", batch,
-                        f"rank {rank.rank} died{ending_text(rank.contents.fatal_signal)} while its batch {batch.name} "
-                        f"served {requests_text(request_ids(batch))} (running {_seconds_text(rank.seconds(batch))}, "
-                        "between kernel calls)")
+                        f"rank {rank.rank} died{ending_text(rank.contents.fatal_signal)} "
+                        f"{at_death_words(batch.name, request_ids(batch), stage_of(batch))} "
+                        f"(running {_seconds_text(rank.seconds(batch))}, between kernel calls)")
         suspects, seen = [], set()
         for _, suspect in sorted(found, key=lambda item: item[0]):
             if suspect["rank"] not in seen:
@@ -659,6 +677,7 @@ class _Verdict:
                 "rank": number, "pid": rank.pid, "host": rank.contents.metadata.get("host"),
                 "file": rank.path, "state": rank.state,
                 "fatal_signal": rank.contents.fatal_signal if rank.state in ("died", "stopped") else None,
+                "stop_reason": stop_reason(rank.contents) if rank.state == "stopped" else None,
                 "after_failure": after_failure(rank.contents),
                 "ranks": {k: v for k, v in (rank.contents.metadata.get("ranks") or {}).items() if k != "job"},
                 "in_flight": [{"name": s.name, "seconds": round(rank.seconds(s), 1),
@@ -683,8 +702,12 @@ def cross_rank(contents: list[TraceFileContents], hang_seconds: float, now: int 
     return verdicts
 
 
-def ending_text(signal: str | None) -> str:
-    """` (SIGSEGV recorded)`, ` (no fatal signal recorded)`, or nothing when not known: how a dead process ended."""
+def ending_text(signal: str | None, stop: str | None = None) -> str:
+    """` (told to stop: SGLang's ShutdownReq)`, ` (SIGSEGV recorded)`, ` (no
+    fatal signal recorded)`, or nothing when not known: how a process that is
+    gone ended."""
+    if stop:
+        return f" (told to stop: {stop})"
     return f" ({signal} recorded)" if signal else " (no fatal signal recorded)" if signal == "" else ""
 
 
@@ -695,7 +718,7 @@ def render(verdict: dict) -> list[str]:
         doing = "; ".join(f"in {c['collective'] or c['name']} for {c['seconds']} s" for c in rank["in_flight"][-2:])
         last = ", ".join(f"{v['op']} #{v['seq']} of {g} ({v['state']})" for g, v in rank["last_collectives"].items())
         lines.append(f"  rank {rank['rank']}: {rank['state']}{after_failure_text(rank.get('after_failure'))}"
-                     f"{ending_text(rank.get('fatal_signal'))}, pid {rank['pid']}, "
+                     f"{ending_text(rank.get('fatal_signal'), rank.get('stop_reason'))}, pid {rank['pid']}, "
                      f"{os.path.basename(rank['file'])}"
                      + (f"; {doing}" if doing else "") + (f"; last collective {last}" if last else ""))
     for entry in verdict["collectives"]:

@@ -13,10 +13,10 @@ from ..record.tracefile import traceback_path
 from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE,
                       GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, MODULE, NAME, NONFINITE_REQUESTS, OP_CLASS, PREFIX,
                       REPLAY_NAME, REQUEST_ID, SEQ)
-from .batch_failures import (after_failure, after_failure_text, batch_summary, failure_sentence, frames_text, is_batch,
-                             requests_text)
+from .batch_failures import (after_failure, after_failure_text, at_death_words, batch_summary, failure_sentence,
+                             frames_text, is_batch, requests_text)
 from .digest import Digest, add_counts, digest, produced_nonfinite
-from .ranks import cross_rank, ending_text, rank_of, state_of, timestamp
+from .ranks import cross_rank, ending_text, rank_of, state_of, stop_reason, timestamp
 from .ranks import render as render_verdict
 from .reader import RecoveredSpan, TraceFileContents, read_text
 from .stacks import tidy_stacks
@@ -246,6 +246,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
         "files": [
             {"path": c.path, "format_version": c.format_version, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"), "running": c.live,
              "state": state, "fatal_signal": c.fatal_signal if state in ("died", "stopped") else None,
+             "stop_reason": stop_reason(c) if state == "stopped" else None,
              "after_failure": after_failure(c),
              "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
              "spans": item.spans, "problems": c.problems}
@@ -274,6 +275,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
 def batch_lines(batch: dict[str, Any], indent: str = "  ") -> list[str]:
     """A failed or cut-short batch: where, its requests, its exception and innermost frames."""
     lines = [f"{indent}{batch['name']}  ({process_text(batch)}; started {batch['start']})",
+             f"{indent}  the engine's {batch['stage']} stage" if batch.get("stage") else
              f"{indent}  serving {requests_text(batch['request_ids'])}"]
     if batch.get("seconds") is not None:
         lines.append(f"{indent}  running for {batch['seconds']} s when the process was last alive, no kernel call in "
@@ -402,7 +404,7 @@ def render_text(report: dict[str, Any]) -> str:
         batches = report.get("batches_at_death") or []
         if batches:
             batch = batches[0]
-            out.append(f"the process died while its batch {batch['name']} served {requests_text(batch['request_ids'])}"
+            out.append(f"the process died {at_death_words(batch['name'], batch['request_ids'], batch.get('stage'))}"
                        f" (running {batch['seconds']} s)")
         elif report.get("failed_batches"):
             out.append("the " + failure_sentence(report["failed_batches"][0]))
@@ -415,7 +417,8 @@ def render_text(report: dict[str, Any]) -> str:
         ranks = ", ".join(f"{k}={v}" for k, v in info["ranks"].items()) or "no rank"
         after = after_failure_text(info.get("after_failure"))
         state = ", still running" if info["running"] else \
-            f", {info['state']}{after}{ending_text(info['fatal_signal'])}" if info.get("state") in ("died", "stopped") else \
+            f", {info['state']}{after}{ending_text(info['fatal_signal'], info.get('stop_reason'))}" \
+            if info.get("state") in ("died", "stopped") else \
             f", ended{after}" if after else ""
         out.append(f"{info['path']}: pid {info['pid']} on {info['host']}, {ranks}, {info['spans']} spans{state}")
         out.extend(f"  warning: {problem}" for problem in info["problems"])
