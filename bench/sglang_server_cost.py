@@ -1,17 +1,24 @@
 """What recording costs on SGLang's real server (CPU): the wall time of one
 request's decode steps at level 0, in the black box, and at levels 1, 3 and
-5, each measured on a server of its own started through `run`, the
-settings taken in turn, round after round, so that a slow spell of the
-machine falls on all of them alike; ratios are to level 0 of the same round.
+5, as ratios to level 0 measured side by side.
 
-    python bench/sglang_server_cost.py [--rounds 2] [--requests 8] [--tokens 256]
+    python bench/sglang_server_cost.py [--starts 2] [--rounds 10] [--tokens 256] [--only SETTING] [--profile]
+
+A server start differs from the next by more than the targets (up to 40%
+here: this machine's speed drifts, and the idle scheduler spins on a core),
+so every setting's server is started (through `run`), then all but the one
+serving are paused (SIGSTOP to its process group: no idle spinning), and
+each round sends one request to each setting in turn, in a rotated order;
+a round's ratios are to level 0 in that round, seconds apart. `--starts`
+repeats this with fresh servers. Prints one row per setting: median seconds
+per request and per decode step, and the median ratio to level 0 with its
+quartiles over all rounds.
 
 Needs SGLang's environment (bash .ci/sglang-env) and a tiny model it makes
-(tests/tiny_llama.py). Prints one row per setting: median seconds per request, per decode step,
-and the ratio to level 0. With --profile, one more server per setting
-(level 0 and the black box) runs its scheduler's main thread under
-cProfile for the timed requests alone, and the functions that take most of
-a decode step are printed: where the black box's time per step goes.
+(tests/tiny_llama.py). With --profile, one more server per setting (level 0
+and the black box) runs its scheduler's main thread under cProfile for the
+timed requests alone, and the functions that take most of a decode step are
+printed: where the black box's time per step goes.
 """
 
 from __future__ import annotations
@@ -163,12 +170,52 @@ def profile(python: str, model: str, name: str, scratch: str, requests: int, tok
     print(f"\n{name}: {stats.total_tt / steps * 1000:.2f} ms a decode step in the scheduler's main thread "
           f"under cProfile; this package's own functions {ours / steps * 1000:.3f} ms of it (their own time)")
     stats.sort_stats("tottime").print_stats(15)
+    print(f"{name}: this package's functions by the time they took with what they called")
+    stats.sort_stats("cumulative").print_stats("sglang_otel_kernels", 15)
+
+
+def pause(process: subprocess.Popen, paused: bool) -> None:
+    """Every process of a server stopped (SIGSTOP: no idle spinning beside the one measured) or resumed."""
+    os.killpg(process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
+
+def measure(python: str, model: str, names: list, scratch: str, number: int, rounds: int, tokens: int,
+            times: dict, ratios: dict) -> None:
+    """One start of every setting's server, then `rounds` rounds of one request each, side by side."""
+    servers = {}
+    try:
+        for name in names:
+            level, extra = SETTINGS[name]
+            directory = os.path.join(scratch, f"{name.replace(' ', '-')}-{number}")
+            os.makedirs(directory)
+            servers[name] = start(python, model, level, extra, directory)
+            generate(servers[name][1], tokens)  # warm-up: the first request's compile and allocations
+            pause(servers[name][0], True)
+        for round_number in range(rounds):
+            shift = round_number % len(names)
+            taken = {}
+            for name in names[shift:] + names[:shift]:
+                process, port = servers[name]
+                pause(process, False)
+                try:
+                    taken[name] = generate(port, tokens)
+                finally:
+                    pause(process, True)
+            for name in names:
+                times[name].append(taken[name])
+                ratios[name].append(taken[name] / taken["level 0"])
+            print(f"start {number + 1} round {round_number + 1}: " + ", ".join(
+                f"{name} {taken[name]:.3f} s" for name in names), file=sys.stderr, flush=True)
+    finally:
+        for process, _ in servers.values():
+            pause(process, False)
+            stop(process)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=2, help="0: no timing (with --profile: the profiles alone)")
-    parser.add_argument("--requests", type=int, default=8, help="timed requests per server (after one warm-up)")
+    parser.add_argument("--starts", type=int, default=2, help="fresh servers this many times (0: no timing)")
+    parser.add_argument("--rounds", type=int, default=10, help="requests per setting per start (after one warm-up)")
     parser.add_argument("--tokens", type=int, default=256, help="decode steps per request")
     parser.add_argument("--only", action="append", choices=sorted(SETTINGS), help="settings to measure (all)")
     parser.add_argument("--profile", action="store_true",
@@ -184,32 +231,18 @@ def main() -> None:
                        capture_output=True)
         times: dict[str, list[float]] = {name: [] for name in names}
         ratios: dict[str, list[float]] = {name: [] for name in names}
-        for number in range(options.rounds):
-            medians = {}
-            for name in (names if number % 2 == 0 else names[::-1]):  # each round in the other order
-                level, extra = SETTINGS[name]
-                directory = os.path.join(scratch, f"{name.replace(' ', '-')}-{number}")
-                os.makedirs(directory)
-                process, port = start(python, model, level, extra, directory)
-                try:
-                    generate(port, options.tokens)  # warm-up: the first request's compile and allocations
-                    taken = [generate(port, options.tokens) for _ in range(options.requests)]
-                finally:
-                    stop(process)
-                medians[name] = statistics.median(taken)
-                times[name].extend(taken)
-                print(f"round {number + 1}: {name:10s} median {medians[name]:.3f} s", file=sys.stderr, flush=True)
-            for name in names:
-                ratios[name].append(medians[name] / medians["level 0"])
-        if options.rounds:
-            print(f"{'setting':10s} {'s/request':>10s} {'ms/step':>8s} {'x level 0 (per round)':>24s}")
-        for name in names if options.rounds else ():
+        for number in range(options.starts):
+            measure(python, model, names, scratch, number, options.rounds, options.tokens, times, ratios)
+        if options.starts:
+            print(f"{'setting':10s} {'s/request':>10s} {'ms/step':>8s} {'x level 0':>10s} {'quartiles':>12s}")
+        for name in names if options.starts else ():
             median = statistics.median(times[name])
+            low, _, high = statistics.quantiles(ratios[name], n=4) if len(ratios[name]) > 1 else [ratios[name][0]] * 3
             print(f"{name:10s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
-                  f"{' '.join(f'{ratio:.2f}' for ratio in ratios[name]):>24s}", flush=True)
+                  f"{statistics.median(ratios[name]):10.3f} {low:5.3f}-{high:5.3f}", flush=True)
         if options.profile:
             for name in ("level 0", "black box"):
-                profile(python, model, name, scratch, options.requests, options.tokens)
+                profile(python, model, name, scratch, options.rounds, options.tokens)
 
 
 if __name__ == "__main__":
