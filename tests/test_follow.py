@@ -408,39 +408,53 @@ def test_the_sender_drops_the_oldest_spans_past_its_bound_but_not_those_on_their
     assert outbox.spans == [] and sender.sent == BATCH + BATCH // 2
 
 
-def test_the_sidecars_call_counts_are_added_per_kind_of_call_under_the_rank_they_had():
-    from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter, MetricExportResult
+class _KeptMetrics:
+    """A metric exporter keeping each export's cumulative points: (name, sorted attributes) -> value."""
+
+    def __new__(cls):
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter, MetricExportResult
+
+        class Kept(MetricExporter):
+            def __init__(self):
+                super().__init__(preferred_temporality={})
+                self.exports: list[dict] = []
+
+            @property
+            def points(self) -> dict:
+                return {key: value for export in self.exports for key, value in export.items()}
+
+            def export(self, metrics_data, timeout_millis=10_000, **kwargs):
+                points = {}
+                for resource_metrics in metrics_data.resource_metrics:
+                    for scope in resource_metrics.scope_metrics:
+                        for metric in scope.metrics:
+                            temporality = getattr(metric.data, "aggregation_temporality", AggregationTemporality.CUMULATIVE)
+                            for point in metric.data.data_points:
+                                if temporality is AggregationTemporality.CUMULATIVE:
+                                    points[(metric.name, tuple(sorted(point.attributes.items())))] = point.value
+                self.exports.append(points)
+                return MetricExportResult.SUCCESS
+
+            def force_flush(self, timeout_millis=10_000):
+                return True
+
+            def shutdown(self, timeout_millis=30_000, **kwargs):
+                pass
+
+        return Kept()
+
+
+def test_the_sidecars_call_counts_are_added_per_kind_of_call_under_the_labels_they_had():
     from opentelemetry.sdk.resources import Resource
 
     from sglang_otel_kernels.recover.metrics import KernelMetrics
 
-    class Kept(MetricExporter):
-        def __init__(self):
-            super().__init__(preferred_temporality={})
-            self.points = {}
-
-        def export(self, metrics_data, timeout_millis=10_000, **kwargs):
-            for resource_metrics in metrics_data.resource_metrics:
-                for scope in resource_metrics.scope_metrics:
-                    for metric in scope.metrics:
-                        for point in metric.data.data_points:
-                            if metric.data.aggregation_temporality is AggregationTemporality.CUMULATIVE:
-                                labels = tuple(sorted(point.attributes.items()))
-                                self.points[(metric.name, labels)] = point.value
-            return MetricExportResult.SUCCESS
-
-        def force_flush(self, timeout_millis=10_000):
-            return True
-
-        def shutdown(self, timeout_millis=30_000, **kwargs):
-            pass
-
-    exported = Kept()
+    exported = _KeptMetrics()
     metrics = KernelMetrics(exported, Resource({}))
     for _ in range(3):
         metrics.call("k", False, False)
     metrics.call("k", True, True)
-    metrics.rank = 2  # the calls so far keep no rank; those after carry rank 2
+    metrics.labels = {"sglang.rank": 2}  # the calls so far keep no rank; those after carry rank 2
     metrics.call("k", True, False)
     metrics.flush()
     metrics.call("j", False, False)
@@ -453,4 +467,69 @@ def test_the_sidecars_call_counts_are_added_per_kind_of_call_under_the_rank_they
     assert exported.points[("sglang.kernel.calls", ranked("k"))] == 1
     assert exported.points[("sglang.kernel.failures", ranked("k"))] == 1
     assert exported.points[("sglang.kernel.calls", ranked("j"))] == 1
-    assert ("sglang.kernel.nonfinite", ranked("k")) not in exported.points
+    # A kernel's failure and NaN/Inf series exist from its first call: an alert on their increase sees the first.
+    assert exported.points[("sglang.kernel.nonfinite", ranked("k"))] == 0
+    assert exported.points[("sglang.kernel.failures", ranked("j"))] == 0
+    assert exported.points[("sglang.kernel.nonfinite", ranked("j"))] == 0
+
+
+def test_the_sidecars_gauges_name_the_innermost_call_and_read_0_once_when_it_is_over():
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.resources import Resource
+
+    from sglang_otel_kernels.recover.metrics import KernelMetrics, labels_of
+
+    exported = _KeptMetrics()
+    metrics = KernelMetrics(exported, Resource({}))
+    # A file's header is hostile: a label too long or of another type is left out.
+    metrics.labels = labels_of({"host": "node-b", "ranks": {"rank": "2", "job": "tcp://10.0.0.1:1" + "x" * 300}})
+    assert metrics.labels == {"sglang.rank": 2, "host.name": "node-b"}
+    metrics.labels = labels_of({"host": "node-b", "ranks": {"rank": 2, "job": "tcp://10.0.0.1:1"}})
+    call = lambda name, start, **attributes: SimpleNamespace(name=name, start_time=int(start * 1e9),  # noqa: E731
+                                                             attributes={"sglang.kernel.name": name, **attributes})
+    outer, inner = call("model.forward", 1), call("layer.stuck", 2)
+    metrics.in_flight([outer, inner], int(14.5e9))
+    metrics.provider.force_flush()
+    where = (("host.name", "node-b"), ("sglang.job", "tcp://10.0.0.1:1"), ("sglang.rank", 2))
+    stuck = tuple(sorted(where + (("sglang.kernel.collective", False), ("sglang.kernel.name", "layer.stuck"))))
+    gauge = "sglang.kernel.in_flight.longest"
+    assert {key: value for key, value in exported.exports[-1].items() if key[0] == gauge} == {(gauge, stuck): 12.5}
+    waiting = call("torch.distributed.all_reduce", 13, **{"sglang.collective.op": "all_reduce"})
+    metrics.in_flight([waiting], int(15e9))
+    metrics.provider.force_flush()
+    collective = tuple(sorted(where + (("sglang.kernel.collective", True),
+                                       ("sglang.kernel.name", "torch.distributed.all_reduce"))))
+    # The stuck call's series reads 0 once, so that its last value does not linger where it is served.
+    assert {key: value for key, value in exported.exports[-1].items() if key[0] == gauge} == {
+        (gauge, collective): 2.0, (gauge, stuck): 0}
+    metrics.died([outer, inner], "")
+    metrics.provider.force_flush()
+    metrics.provider.force_flush()
+    death = "sglang.kernel.in_flight_at_death"
+    assert {key: value for key, value in exported.exports[-1].items() if key[0] in (gauge, death)} == {
+        (death, tuple(sorted(stuck + (("sglang.process.fatal_signal", "none"),)))): 1}
+    metrics.close()
+
+
+def test_watch_gauges_the_suspects_of_live_jobs_only_and_a_suspect_gone_reads_0_once():
+    from opentelemetry.sdk.resources import Resource
+
+    from sglang_otel_kernels.recover.metrics import JobMetrics
+
+    exported = _KeptMetrics()
+    metrics = JobMetrics(exported, Resource({}))
+    ranks = lambda *states: [{"rank": n, "state": s, "host": f"node-{n}"} for n, s in enumerate(states)]  # noqa: E731
+    suspect = {"rank": 1, "reason": "missing", "call": None}
+    metrics.verdicts([{"job": "j", "ranks": ranks("running", "running"), "suspects": [suspect]}])
+    metrics.provider.force_flush()
+    key = ("sglang.job.suspect", (("host.name", "node-1"), ("reason", "missing"), ("sglang.job", "j"),
+                                  ("sglang.rank", 1)))
+    assert exported.exports[-1] == {key: 1}
+    metrics.verdicts([{"job": "j", "ranks": ranks("died", "died"), "suspects": [suspect]}])  # killed: nobody to page for
+    metrics.provider.force_flush()
+    assert exported.exports[-1] == {key: 0}
+    exports = len(exported.exports)
+    metrics.provider.force_flush()
+    assert all(key not in export for export in exported.exports[exports:])  # (nothing to export: no export)
+    metrics.close()

@@ -27,8 +27,7 @@ from ..record import tracefile as fmt
 from ..schema import HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME
 from .device_faults import mark_in_flight
 from .ledger import Ledger
-from .metrics import KernelMetrics
-from .ranks import rank_of_metadata
+from .metrics import KernelMetrics, labels_of
 from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death, map_trace_file, read_header,
                      payload_record, read_heartbeat, record_at, scan, with_gaps, writer_alive)
 from .replay import BATCH, FileResource, readable
@@ -344,7 +343,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
     requests = RequestTraces(assembler.parent_of, assembler.linking_to)
     counted = None if metrics is None else KernelMetrics(metrics, resource)
     if counted is not None:
-        counted.rank = rank_of_metadata(metadata)
+        counted.labels = labels_of(metadata)
     sampler = ExportSampler()
     # The ring holds fewer spans than one per 48 bytes (a start and an end record each).
     outbox = _Outbox(None if delivered_to is None else
@@ -406,13 +405,13 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                     if wire is not None:
                         wire.resource = resource
                     if counted is not None:
-                        counted.rank = rank_of_metadata(metadata)
+                        counted.labels = labels_of(metadata)
             in_flight = 0
-            if counted is not None:
+            if counted is not None and running:
                 counted.flush()
                 now = time.time_ns()
-                oldest = min((start[6] for start in assembler.kernel_calls_started_before(now)), default=now)
-                counted.in_flight(round((now - oldest) / 1e9, 3) if running else 0.0)
+                counted.in_flight([assembler.span(start, None) for start in assembler.kernel_calls_started_before(now)],
+                                  now)
             if running and hang_ns:
                 now = time.time_ns()
                 for span in _still_running(assembler, hung, now, hang_ns):
@@ -420,9 +419,14 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
             if not running:
                 last_alive = max(assembler.last_time, read_heartbeat(follower.data), seen_alive)
                 left = assembler.in_flight()
+                if counted is not None:
+                    counted.in_flight([], last_alive)
                 if not assembler.exited:  # how it died, on each call it left in flight: a hang killed is no crash
-                    last_alive = death(path, last_alive, left)[0] or last_alive
+                    died, signal = death(path, last_alive, left)
+                    last_alive = died or last_alive
                     mark_in_flight(left, path, metadata)  # a CUDA core dump's fault, where one was written
+                    if counted is not None and signal != "SIGTERM":  # stopped on purpose: nothing to page for
+                        counted.died([span for span in left if NAME in span.attributes], signal)
                 for span in left:
                     queue(span, last_alive, always=True)
                     in_flight += 1

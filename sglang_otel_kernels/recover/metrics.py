@@ -3,15 +3,26 @@
 The export sidecar of each process counts what it reads of the trace file:
 `sglang.kernel.calls`, `sglang.kernel.failures` (calls that ended in an
 error) and `sglang.kernel.nonfinite` (calls whose output holds NaN/Inf),
-each by kernel name, and gauges `sglang.kernel.in_flight.longest` (seconds
-the oldest kernel call in flight has run: a hang grows it). `watch` gauges
-`sglang.job.suspect`: 1 per suspect of a job's verdict, with its `reason`.
-Every series carries the rank as `sglang.rank` where it is known. They are
-exported every OTEL_METRIC_EXPORT_INTERVAL (60 s by default) to the OTLP
-endpoint (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else the one traces go to);
-OTEL_METRICS_EXPORTER=none turns them off. The shipped Collector serves them
-to Prometheus (`sglang_kernel_calls_total{sglang_rank="2",...}`,
-`sglang_kernel_in_flight_longest_seconds`, `sglang_job_suspect`).
+each by kernel name, the last two from a kernel's first call on (at 0 until
+it fails: an alert on their increase sees the first failure). It gauges
+`sglang.kernel.in_flight.longest`: the seconds the innermost kernel call in
+flight has run, named, with `sglang.kernel.collective` saying whether it is
+a collective (a rank waiting there for another is a victim, not a hang);
+and, once the process died with a kernel call in flight,
+`sglang.kernel.in_flight_at_death` (1, that call named, with the fatal
+signal) until the sidecar ends. `watch` gauges `sglang.job.suspect`: 1 per
+suspect of a job's verdict while a rank of the job lives, with its
+`reason`. Every series carries the rank (`sglang.rank`), the host
+(`host.name`) and the job (`sglang.job`) where they are known; a series
+that stops being true is exported once more at 0, so that it reads 0 at
+once rather than keeping its last value until the back end expires it.
+They are exported every OTEL_METRIC_EXPORT_INTERVAL (60 s by default) to
+the OTLP endpoint (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else the one traces
+go to); OTEL_METRICS_EXPORTER=none turns them off. The shipped Collector
+serves them to Prometheus (`sglang_kernel_calls_total{sglang_rank="2",...}`,
+`sglang_kernel_in_flight_longest_seconds`, `sglang_job_suspect`), and the
+shipped rules alert on them (collector-config/prometheus-alerts.yaml,
+docs/runbook.md).
 """
 
 from __future__ import annotations
@@ -28,10 +39,12 @@ from opentelemetry.sdk.resources import Resource
 
 from .._version import __version__
 from ..record import batches
-from ..schema import COPY_OF, HUNG, NAME, TRACER_NAME
+from ..schema import COLLECTIVE_OP, COPY_OF, FATAL_SIGNAL, HUNG, NAME, TRACER_NAME
+from .ranks import rank_of_metadata
 from .reader import RecoveredSpan
 
-RANK = "sglang.rank"
+RANK, HOST, JOB = "sglang.rank", "host.name", "sglang.job"
+COLLECTIVE = "sglang.kernel.collective"  # whether the call is a collective (torch.distributed): its waiters are victims
 
 
 def metric_exporter(traces_target: str, protocol: str, timeout_s: float) -> "MetricExporter | None":
@@ -60,6 +73,50 @@ def _provider(exporter: MetricExporter, resource: Resource) -> MeterProvider:
                          shutdown_on_exit=False)
 
 
+_MAX_LABEL = 256  # a file's header is hostile input: a label past this is left out
+
+
+def labels_of(metadata: dict) -> dict:
+    """The rank, host and job a trace file's header (and the IDENTITY
+    records after it) says, as metric attributes; those it lacks left out."""
+    ranks = metadata.get("ranks") if isinstance(metadata.get("ranks"), dict) else {}
+    found = {RANK: rank_of_metadata(metadata), HOST: metadata.get("host"), JOB: ranks.get("job")}
+    return {key: value for key, value in found.items()
+            if type(value) is int or (type(value) is str and 0 < len(value) <= _MAX_LABEL)}
+
+
+class _Retiring:
+    """The series of an observable gauge now true, and those exported before
+    that are true no more: each of these is exported once more at 0."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._now: dict[tuple, float] = {}
+        self._exported: set[tuple] = set()
+
+    def set(self, series: "dict[tuple, float]") -> None:
+        """`series`: attribute items (sorted) -> value, what is true now."""
+        with self._lock:
+            self._now = series
+
+    def observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            now, gone = self._now, self._exported - self._now.keys()
+            self._exported = set(now)
+        return ([Observation(value, dict(key)) for key, value in now.items()]
+                + [Observation(0, dict(key)) for key in gone])
+
+
+def _key(attributes: dict) -> tuple:
+    return tuple(sorted(attributes.items()))
+
+
+def innermost_call(calls: "list[RecoveredSpan]") -> "RecoveredSpan | None":
+    """The call a process is in: the kernel call in flight that started last
+    (an outer call waits for it)."""
+    return max(calls, key=lambda span: span.start_time, default=None)
+
+
 class KernelMetrics:
     """The sidecar's metrics of one process."""
 
@@ -71,24 +128,26 @@ class KernelMetrics:
                                               description="kernel calls that ended in an error")
         self._nonfinite = meter.create_counter("sglang.kernel.nonfinite", unit="{call}",
                                                description="kernel calls whose output holds NaN or Inf")
-        meter.create_observable_gauge("sglang.kernel.in_flight.longest", callbacks=[self._observe], unit="s",
-                                      description="how long the oldest kernel call in flight has run")
-        self._rank: "int | None" = None
-        self._longest = 0.0
-        self._lock = threading.Lock()
+        self._in_flight, self._death = _Retiring(), _Retiring()
+        meter.create_observable_gauge("sglang.kernel.in_flight.longest", callbacks=[self._in_flight.observe], unit="s",
+                                      description="how long the innermost kernel call in flight has run (its name, "
+                                                  "and whether it is a collective)")
+        meter.create_observable_gauge("sglang.kernel.in_flight_at_death", callbacks=[self._death.observe],
+                                      unit="{call}", description="1: the process died with this kernel call in flight")
+        self._labels: dict = {}
+        self._seen: set[tuple] = set()  # (labels, name) whose failure and NaN/Inf series exist
         self._pending: dict[tuple, int] = {}  # (name, failed, nonfinite) -> calls not added yet
 
     @property
-    def rank(self) -> "int | None":
-        return self._rank
+    def labels(self) -> dict:
+        return self._labels
 
-    @rank.setter
-    def rank(self, rank: "int | None") -> None:
-        self.flush()  # the calls counted so far under the rank they had
-        self._rank = rank
-
-    def _attributes(self, **more) -> dict:
-        return {RANK: self._rank, **more} if self._rank is not None else more
+    @labels.setter
+    def labels(self, labels: dict) -> None:
+        """The process's rank, host and job (`labels_of`), on every series from now on."""
+        if labels != self._labels:
+            self.flush()  # the calls counted so far under the labels they had
+            self._labels = labels
 
     def count(self, span: RecoveredSpan) -> None:
         """One kernel call that ended (a file's span; copies and early exports are not calls)."""
@@ -104,23 +163,37 @@ class KernelMetrics:
 
     def flush(self) -> None:
         """The calls kept since the last flush, into the counters: an add per
-        kind of call, rather than one per call (each costs microseconds)."""
+        kind of call, rather than one per call (each costs microseconds). A
+        kernel's failure and NaN/Inf series start at 0 with its first call."""
         pending, self._pending = self._pending, {}
         for (name, failed, nonfinite), calls in pending.items():
-            labels = self._attributes(**{NAME: name})
+            labels = {**self._labels, NAME: name}
             self._calls.add(calls, labels)
+            seen = (_key(self._labels), name)
+            if seen not in self._seen:
+                self._seen.add(seen)
+                self._failures.add(0, labels)
+                self._nonfinite.add(0, labels)
             if failed:
                 self._failures.add(calls, labels)
             if nonfinite:
                 self._nonfinite.add(calls, labels)
 
-    def in_flight(self, seconds: float) -> None:
-        with self._lock:
-            self._longest = seconds
+    def _call_labels(self, call: RecoveredSpan) -> dict:
+        return {**self._labels, NAME: call.name, COLLECTIVE: COLLECTIVE_OP in call.attributes}
 
-    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            return [Observation(self._longest, self._attributes())]
+    def in_flight(self, calls: "list[RecoveredSpan]", now: int) -> None:
+        """The kernel calls in flight at `now` (ns): the innermost is gauged."""
+        call = innermost_call(calls)
+        self._in_flight.set({} if call is None else
+                            {_key(self._call_labels(call)): round(max(now - call.start_time, 0) / 1e9, 3)})
+
+    def died(self, calls: "list[RecoveredSpan]", signal: str) -> None:
+        """The process died with `calls` in flight (`signal`: the fatal signal it recorded, "" for none)."""
+        self._in_flight.set({})
+        call = innermost_call(calls)
+        if call is not None:
+            self._death.set({_key({**self._call_labels(call), FATAL_SIGNAL: signal or "none"}): 1})
 
     def close(self) -> None:
         self.flush()
@@ -128,25 +201,30 @@ class KernelMetrics:
 
 
 class JobMetrics:
-    """`watch`'s: `sglang.job.suspect`, 1 per suspect of each job's newest verdict."""
+    """`watch`'s: `sglang.job.suspect`, 1 per suspect of each job's newest
+    verdict while one of the job's ranks lives (a job gone has nobody to
+    page for: its deaths are the sidecars' `sglang.kernel.in_flight_at_death`)."""
 
     def __init__(self, exporter: MetricExporter, resource: Resource) -> None:
         self.provider = _provider(exporter, resource)
+        self._suspects = _Retiring()
         self.provider.get_meter(TRACER_NAME, __version__).create_observable_gauge(
-            "sglang.job.suspect", callbacks=[self._observe], unit="{rank}",
-            description="1 for each suspect rank of a job's cross-rank verdict, with its reason")
-        self._suspects: list[dict] = []
-        self._lock = threading.Lock()
+            "sglang.job.suspect", callbacks=[self._suspects.observe], unit="{rank}",
+            description="1 for each suspect rank of a live job's cross-rank verdict, with its reason")
 
     def verdicts(self, verdicts: list[dict]) -> None:
-        found = [{RANK: suspect["rank"], "reason": suspect["reason"], "sglang.job": str(verdict["job"])}
-                 for verdict in verdicts for suspect in verdict["suspects"]]
-        with self._lock:
-            self._suspects = found
-
-    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            return [Observation(1, attributes) for attributes in self._suspects]
+        found = {}
+        for verdict in verdicts:
+            ranks = {rank["rank"]: rank for rank in verdict["ranks"]}
+            if not any(rank["state"] in ("running", "frozen") for rank in ranks.values()):
+                continue
+            for suspect in verdict["suspects"]:
+                host = (ranks.get(suspect["rank"]) or {}).get("host")
+                attributes = {RANK: suspect["rank"], "reason": suspect["reason"], JOB: str(verdict["job"])}
+                if type(host) is str and host:
+                    attributes[HOST] = host[:_MAX_LABEL]
+                found[_key(attributes)] = 1
+        self._suspects.set(found)
 
     def close(self) -> None:
         self.provider.shutdown()
