@@ -1,8 +1,9 @@
 """The real back ends the end-to-end tests run, built from source by
 .ci/backends: Jaeger v2 (collector-config/jaeger.yaml, in-memory storage,
-checked through its query HTTP API, what its UI renders) and the
-OpenTelemetry Collector (collector-config/otel-collector.yaml), each on free
-loopback ports."""
+checked through its query HTTP API, what its UI renders), the
+OpenTelemetry Collector (collector-config/otel-collector.yaml) and
+Prometheus (collector-config/prometheus.yml and the alert rules), each on
+free loopback ports."""
 
 import json
 import os
@@ -21,7 +22,7 @@ CONFIG = os.path.join(ROOT, "collector-config")
 
 
 def ensure_built() -> None:
-    if not all(os.access(os.path.join(BIN, name), os.X_OK) for name in ("jaeger", "otelcol")):
+    if not all(os.access(os.path.join(BIN, name), os.X_OK) for name in ("jaeger", "otelcol", "prometheus", "promtool")):
         subprocess.run(["bash", os.path.join(ROOT, ".ci", "backends")], check=True, timeout=3600)
 
 
@@ -163,3 +164,52 @@ class Collector(Otelcol):
         self.archive = archive
         super().__init__(log_dir, f"collector-{sample_percent}", "otel-collector.yaml", JAEGER_OTLP_ENDPOINT=jaeger.otlp,
                          SAMPLE_PERCENT=str(sample_percent), ARCHIVE_PATH=archive)
+
+
+class Prometheus:
+    """Prometheus with the shipped scrape config (collector-config/prometheus.yml)
+    and alert rules, scraping `targets` and evaluating every second (the
+    shipped config says 15 s), with `parameters` for the rules' own
+    (collector-config/prometheus-alert-parameters.yaml by default). No
+    Alertmanager: the alerts are read from its API."""
+
+    def __init__(self, log_dir, targets: list[str], parameters: "str | None" = None) -> None:
+        import yaml
+
+        with open(os.path.join(CONFIG, "prometheus.yml")) as shipped:
+            config = yaml.safe_load(shipped)
+        config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+        config["rule_files"] = [os.path.join(CONFIG, "prometheus-alerts.yaml"),
+                                parameters or os.path.join(CONFIG, "prometheus-alert-parameters.yaml")]
+        del config["alerting"]
+        for job in config["scrape_configs"]:
+            job["static_configs"] = [{"targets": targets}]
+        path = os.path.join(log_dir, "prometheus.yml")
+        with open(path, "w") as out:
+            yaml.safe_dump(config, out)
+        self.url = f"http://127.0.0.1:{port()}"
+        self.log = open(os.path.join(log_dir, "prometheus.log"), "a")
+        self.process = subprocess.Popen([os.path.join(BIN, "prometheus"), f"--config.file={path}",
+                                         f"--storage.tsdb.path={os.path.join(log_dir, 'prometheus-data')}",
+                                         f"--web.listen-address={self.url.split('//')[1]}"],
+                                        stdout=self.log, stderr=subprocess.STDOUT)
+        wait("Prometheus ready", self._ready)
+
+    def _ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"Prometheus exited: {open(self.log.name).read()[-2000:]}")
+        with urllib.request.urlopen(f"{self.url}/-/ready", timeout=5) as response:
+            return response.status == 200
+
+    def alerts(self) -> list[dict]:
+        """The alerts pending or firing now (/api/v1/alerts)."""
+        return get(f"{self.url}/api/v1/alerts")["data"]["alerts"]
+
+    def query(self, expression: str) -> list[dict]:
+        return get(f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expression}))["data"]["result"]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=60)
+        self.log.close()

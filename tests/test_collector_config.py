@@ -128,15 +128,22 @@ def test_compose_publishes_on_loopback_and_mounts_the_config():
 
 
 def test_the_alert_rules_use_the_metrics_the_collector_serves():
-    """Every metric an alert reads is one the sidecars or watch export, under Prometheus's name for it
-    (tests/test_ranks.py reads the same names off the real Collector)."""
-    rules = yaml.safe_load((CONFIG / "prometheus-alerts.yaml").read_text())["groups"][0]["rules"]
-    served = {"sglang_kernel_in_flight_longest_seconds", "sglang_job_suspect", "sglang_kernel_failures_total",
-              "sglang_kernel_nonfinite_total", "sglang_kernel_calls_total"}
+    """Every metric a rule reads is one the sidecars or watch export, under Prometheus's name for it
+    (tests/test_alerts.py reads the same names off the real Collector), or a recording rule of the
+    rules and their parameters."""
+    groups = [group for name in ("prometheus-alerts.yaml", "prometheus-alert-parameters.yaml")
+              for group in yaml.safe_load((CONFIG / name).read_text())["groups"]]
+    rules = [rule for group in groups for rule in group["rules"]]
+    served = {"sglang_kernel_in_flight_longest_seconds", "sglang_kernel_in_flight_at_death", "sglang_job_suspect",
+              "sglang_kernel_failures_total", "sglang_kernel_nonfinite_total", "sglang_kernel_calls_total"}
+    recorded = {rule["record"] for rule in rules if "record" in rule}
     names = set()
     for rule in rules:
-        assert rule["alert"] and rule["annotations"]["summary"]
-        # What `by (...)` groups on is a label; the rest are metrics.
-        labels = {label.strip() for group in re.findall(r"by \(([^)]*)\)", rule["expr"]) for label in group.split(",")}
-        names.update(set(re.findall(r"\b(sglang_[a-z_]+)\b", rule["expr"])) - labels)
-    assert names and names <= served, names - served
+        assert rule.get("alert") or rule.get("record")
+        assert "alert" not in rule or rule["annotations"]["summary"]
+        # What `by (...)`, `on (...)` and `{...}` name are labels and values, the rest are metrics.
+        expr = re.sub(r"{[^}]*}", "", re.sub(r'"[^"]*"', "", rule["expr"]))
+        labels = {label.strip() for group in re.findall(r"(?:by|on) \(([^)]*)\)", expr) for label in group.split(",")}
+        names.update(set(re.findall(r"\b(sglang(?:_|:)[a-z_:]+)\b", expr)) - labels)
+    assert names and names <= served | recorded, names - served - recorded
+    assert {"sglang:kernel_hang_seconds", "sglang:alert_links"} <= recorded

@@ -1,0 +1,222 @@
+"""The shipped alerts (collector-config/prometheus-alerts.yaml): their
+promtool unit tests, and the rules run by a real Prometheus with the
+shipped scrape config, scraping the real Collector that the export
+sidecars of real processes send their metrics to: a hang pages once, for
+the culprit, and turns into a death page when the job is killed, which
+resolves; a kernel's first failure and first NaN/Inf open tickets; a slow
+but healthy kernel pages nothing."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+
+import pytest
+import yaml
+
+from backends import BIN, CONFIG, Jaeger, Otelcol, Prometheus, clean_env, ensure_built, get, wait
+from test_ranks import Job
+
+HANG_SECONDS = 10  # the tests' sglang:kernel_hang_seconds (the shipped one is 300)
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess:
+    ensure_built()
+    return subprocess.run([os.path.join(BIN, "promtool"), *args], capture_output=True, text=True, timeout=300,
+                          cwd=CONFIG)
+
+
+def test_the_rules_pass_their_promtool_unit_tests():
+    proc = promtool("test", "rules", "prometheus-alerts.test.yaml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout + proc.stderr
+
+
+def test_the_shipped_scrape_config_and_its_rules_are_valid():
+    proc = promtool("check", "config", "prometheus.yml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = yaml.safe_load(open(os.path.join(CONFIG, "prometheus.yml")))
+    # The exporter's `job` (the service) and `instance` stay as it sets them.
+    assert all(job["honor_labels"] is True for job in config["scrape_configs"])
+
+
+def _rules() -> list[dict]:
+    groups = yaml.safe_load(open(os.path.join(CONFIG, "prometheus-alerts.yaml")))["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def test_every_alert_links_to_its_runbook_section_and_to_jaeger():
+    runbook = open(os.path.join(os.path.dirname(CONFIG), "docs", "runbook.md")).read()
+    sections = {line[3:].strip().lower() for line in runbook.splitlines() if line.startswith("## ")}
+    alerts = [rule for rule in _rules() if "alert" in rule]
+    assert len(alerts) >= 7
+    for rule in alerts:
+        annotations = rule["annotations"]
+        assert annotations["runbook_url"].strip().endswith("#" + rule["alert"].lower()), rule["alert"]
+        assert rule["alert"].lower() in sections, rule["alert"]
+        assert "/search?" in annotations["jaeger"], rule["alert"]
+        assert rule["labels"]["severity"] in ("page", "ticket")
+
+
+def test_the_alertmanager_example_groups_by_job_and_names_only_real_alerts_and_receivers():
+    config = yaml.safe_load(open(os.path.join(CONFIG, "alertmanager.yml")))
+    names = {rule["alert"] for rule in _rules() if "alert" in rule}
+    receivers = {receiver["name"] for receiver in config["receivers"]}
+    routes = [config["route"], *config["route"].get("routes", [])]
+    assert {route["receiver"] for route in routes} <= receivers
+    assert "sglang_job" in config["route"]["group_by"]
+    for rule in config["inhibit_rules"]:
+        assert rule["equal"] == ["sglang_job"]
+        for matcher in rule["source_matchers"] + rule["target_matchers"]:
+            if matcher.startswith("alertname=~"):
+                assert set(matcher.split('"')[1].split("|")) <= names, matcher
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """Jaeger, the shipped Collector (its Prometheus endpoint's series
+    expire after 15 s instead of 5 minutes) and Prometheus with the shipped
+    rules, the hang threshold HANG_SECONDS and links to this Jaeger."""
+    ensure_built()
+    directory = tmp_path_factory.mktemp("alerts")
+    jaeger = Jaeger(directory)
+    collector = Otelcol(directory, "collector", "otel-collector.yaml", JAEGER_OTLP_ENDPOINT=jaeger.otlp,
+                        SAMPLE_PERCENT="100", ARCHIVE_PATH=str(directory / "archive" / "kernels.jsonl"),
+                        METRIC_EXPIRATION="15s")
+    shipped = yaml.safe_load(open(os.path.join(CONFIG, "prometheus-alert-parameters.yaml")))
+    for rule in shipped["groups"][0]["rules"]:
+        if rule["record"] == "sglang:kernel_hang_seconds":
+            rule["expr"] = f"vector({HANG_SECONDS})"
+        else:
+            rule["expr"] = rule["expr"].replace("http://127.0.0.1:16686", jaeger.query)
+    parameters = directory / "parameters.yaml"
+    parameters.write_text(yaml.safe_dump(shipped))
+    prometheus = Prometheus(directory, [f"127.0.0.1:{collector.env['PROMETHEUS_PORT']}"], str(parameters))
+    try:
+        yield {"directory": directory, "jaeger": jaeger, "collector": collector, "prometheus": prometheus}
+    finally:
+        prometheus.close()
+        collector.close()
+        jaeger.close()
+
+
+def _of(prometheus: Prometheus, service: str) -> list[dict]:
+    """The alerts (pending or firing) of the processes of `service`."""
+    return [alert for alert in prometheus.alerts() if alert["labels"].get("job") == service]
+
+
+def _firing(alerts: list[dict]) -> list[tuple]:
+    return sorted((a["labels"]["alertname"], a["state"]) for a in alerts)
+
+
+def test_a_hang_pages_once_for_the_culprit_then_its_kill_pages_the_death_and_both_resolve(stack, tmp_path):
+    prometheus, jaeger = stack["prometheus"], stack["jaeger"]
+    job = Job(tmp_path, "stuck", OTEL_EXPORTER_OTLP_ENDPOINT=stack["collector"].endpoint,
+              OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_SERVICE_NAME="alerts-hang", OTEL_METRIC_EXPORT_INTERVAL="1000",
+              SGLANG_KERNEL_API_HANG_SECONDS=str(HANG_SECONDS))
+    try:
+        job.wait_until("rank 2 stuck, the others in all_reduce", lambda: job.in_flight(2) == [("layer.stuck", None)]
+                       and all(job.in_flight(r) == [("torch.distributed.all_reduce", 5)] for r in (0, 1, 3)))
+        [hang] = wait("KernelCallHung firing", lambda: [a for a in _of(prometheus, "alerts-hang")
+                                                        if a["state"] == "firing"], timeout=180)
+        labels = hang["labels"]
+        assert (labels["alertname"], labels["severity"], labels["sglang_rank"], labels["sglang_kernel_name"]) == \
+            ("KernelCallHung", "page", "2", "layer.stuck")
+        assert labels["host_name"] == socket.gethostname() and labels["sglang_job"].startswith("tcp://127.0.0.1:")
+        assert float(hang["value"]) > HANG_SECONDS
+        # Ranks 0, 1 and 3 wait in all_reduce past the threshold too: victims, nothing pending for them.
+        assert _firing(_of(prometheus, "alerts-hang")) == [("KernelCallHung", "firing")]
+        # The alert's Jaeger link finds the hung call, exported early.
+        link = urllib.parse.urlparse(hang["annotations"]["jaeger"])
+        assert link.geturl().startswith(jaeger.query + "/search?")
+        query = urllib.parse.parse_qs(link.query)
+        found = wait("the hung call through the alert's link", lambda: get(
+            f"{jaeger.query}/api/traces?" + urllib.parse.urlencode(
+                {"service": query["service"][0], "tags": query["tags"][0], "lookback": "1h", "limit": 20}))["data"])
+        assert any(span["operationName"] == "layer.stuck" for trace in found for span in trace["spans"])
+        assert hang["annotations"]["runbook_url"] == "docs/runbook.md#kernelcallhung"
+
+        job.kill()  # as a watchdog does
+        died = wait("KernelProcessDied firing", lambda: [a for a in _of(prometheus, "alerts-hang")
+                                                        if a["labels"]["alertname"] == "KernelProcessDied"
+                                                        and a["state"] == "firing"], timeout=60)
+        assert [(a["labels"]["sglang_rank"], a["labels"]["sglang_kernel_name"],
+                 a["labels"]["sglang_process_fatal_signal"]) for a in died] == [("2", "layer.stuck", "none")]
+        # The hang page resolved with its processes; the victims' deaths in all_reduce page nothing.
+        wait("the hang page resolved", lambda: _firing(_of(prometheus, "alerts-hang"))
+             == [("KernelProcessDied", "firing")], timeout=30)
+        # The death's page resolves once the sidecar's last report expires in the Collector.
+        wait("every alert of the job resolved", lambda: not _of(prometheus, "alerts-hang"), timeout=90)
+    finally:
+        job.kill()
+
+
+TICKETS = """
+import time, torch, sglang_otel_kernels as sok
+
+@sok.debug_kernel_api(op_name="layer.first")
+def first(x, fail):
+    if fail:
+        raise RuntimeError("device-side assert triggered")
+    return x * 1.0
+
+@sok.debug_kernel_api(op_name="layer.inf")
+def inf(x):
+    return x / 0.0
+
+@sok.debug_kernel_api(op_name="layer.slow")
+def slow(x):
+    time.sleep(6)  # under the threshold
+    return x * 1.0
+
+x = torch.ones(4)
+try:
+    first(x, True)  # the kernel's very first call fails
+except RuntimeError:
+    pass
+for _ in range(3):
+    first(x, False)
+inf(x)
+print("ready", flush=True)
+slow(x)
+print("slow done", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_first_failure_and_a_first_nan_open_tickets_and_a_slow_healthy_kernel_pages_nothing(stack, tmp_path):
+    prometheus = stack["prometheus"]
+    worker = subprocess.Popen([sys.executable, "-c", TICKETS], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=stack["collector"].endpoint,
+                                            OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_SERVICE_NAME="alerts-tickets",
+                                            OTEL_METRIC_EXPORT_INTERVAL="1000", SGLANG_KERNEL_API_LOGLEVEL="5",
+                                            SGLANG_KERNEL_API_LOGDEST="off",
+                                            SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace")))
+    try:
+        assert worker.stdout.readline() == "ready\n", worker.stderr.read()
+        seen = []
+
+        def tickets():
+            alerts = _of(prometheus, "alerts-tickets")
+            seen.extend(_firing(alerts))
+            firing = {(a["labels"]["alertname"], a["labels"]["sglang_kernel_name"], a["labels"]["severity"])
+                      for a in alerts if a["state"] == "firing"}
+            return firing if len(firing) == 2 else None
+
+        assert wait("the two tickets", tickets, timeout=90) == {("KernelCallsFailing", "layer.first", "ticket"),
+                                                                 ("KernelMadeNaN", "layer.inf", "ticket")}
+        assert worker.stdout.readline() == "slow done\n"
+        time.sleep(3)  # the last scrape of the slow call's 6 s
+        tickets()
+        assert {name for name, _ in seen} == {"KernelCallsFailing", "KernelMadeNaN"}, seen
+        # The slow call was seen by Prometheus, under the threshold.
+        longest = prometheus.query('max_over_time(sglang_kernel_in_flight_longest_seconds'
+                                   '{job="alerts-tickets",sglang_kernel_name="layer.slow"}[5m])')
+        assert longest and 3 <= float(longest[0]["value"][1]) < HANG_SECONDS, longest
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
