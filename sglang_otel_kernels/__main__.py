@@ -335,6 +335,7 @@ def _follow(options) -> int:
 def _watch(options) -> int:
     import os
     import signal
+    import socket
     import threading
 
     from opentelemetry.sdk.resources import Resource
@@ -352,7 +353,9 @@ def _watch(options) -> int:
     if missing:
         raise _Failure(f"{missing[0]}: no such file or directory")
     exporter = target = metrics = None
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "sglang"})
+    # Which host and process watch runs on (the suspects' own are on each verdict span).
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "sglang",
+                                "host.name": socket.gethostname(), "process.pid": os.getpid()})
     if options.endpoint or otlp_endpoint():
         try:
             exporter, target = make_exporter(options.endpoint, options.protocol, options.timeout)

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -469,15 +470,22 @@ def test_watch_says_each_new_verdict_and_puts_it_in_jaeger_through_the_shipped_c
         assert job.alive()
 
         def verdict_in_jaeger():  # the hang's (an earlier one may say that the others wait for rank 2)
-            found = [span for trace_id in jaeger.search("ranks-watch", {"sglang.verdict.reason": "missing"})
-                     for span in jaeger.trace(trace_id)["spans"] if span["operationName"] == "sglang.verdict"]
+            traces = [jaeger.trace(trace_id) for trace_id in jaeger.search("ranks-watch", {"sglang.verdict.reason": "missing"})]
+            found = [(span, trace["processes"][span["processID"]]) for trace in traces
+                     for span in trace["spans"] if span["operationName"] == "sglang.verdict"]
             return found or None
 
-        [verdict] = wait("the verdict in Jaeger", verdict_in_jaeger, timeout=60)
+        [(verdict, process)] = wait("the verdict in Jaeger", verdict_in_jaeger, timeout=60)
         tags = _tags(verdict)
         assert (tags["sglang.verdict.rank"], tags["sglang.verdict.call"], tags["error"]) == (2, "layer.stuck", True)
         assert tags["sglang.verdict.detail"].startswith("rank 2 is stuck in layer.stuck") and tags["sglang.verdict.seconds"] >= 2
         assert tags["sglang.job"].startswith("tcp://127.0.0.1:")
+        # The suspect's host and pid, on the span; the host watch runs on, on its process; and the verdict lasts
+        # from the first sign (the call stuck that long) to when it was said.
+        assert (tags["sglang.verdict.host"], tags["sglang.verdict.pid"]) == (socket.gethostname(), job.processes[2].pid)
+        process = {tag["key"]: tag["value"] for tag in process["tags"]}
+        assert process["host.name"] == socket.gethostname() and process["process.pid"] == watcher.pid
+        assert verdict["duration"] >= tags["sglang.verdict.seconds"] * 1e6 - 1  # (microseconds)
         # Linked to rank 2's call in flight, the span the hung export sits in.
         [stuck] = [s for s in job.spans(2) if s.in_flight and s.name == "layer.stuck"]
         assert {(int(ref["traceID"], 16), int(ref["spanID"], 16)) for ref in verdict["references"]
@@ -550,3 +558,32 @@ def _in_flight_in_jaeger(jaeger) -> int:
                for span in jaeger.trace(trace_id)["spans"]
                if _tags(span).get("sglang.kernel.in_flight") is True and _tags(span).get("sglang.kernel.name")
                and "sglang.kernel.copy_of" not in _tags(span))
+
+
+def test_watch_says_soon_when_nothing_it_follows_is_live_and_then_follows_a_new_job(jobs, tmp_path):
+    """On an empty directory, then on one whose job died: a line within 10 s
+    each time that says so and what to run; a job that starts meanwhile is
+    followed at once."""
+    watcher = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "watch", str(tmp_path), "--interval", "30"],
+                               env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        began = time.monotonic()
+        assert watcher.stdout.readline().startswith(f"watching {tmp_path}: the verdict every 30 s")
+        line = watcher.stdout.readline()
+        assert line.startswith(f"no trace file in {tmp_path} yet (*.sgltrace); still watching for new ones"), line
+        assert time.monotonic() - began < 10 + 5  # (5: the interpreter's start and imports on a loaded machine)
+        job = jobs(tmp_path, "healthy", world=2)
+        line = watcher.stdout.readline()  # followed at once, not 30 s later: the job's first verdict
+        assert re.match(r"\d\d:\d\d:\d\d\.\d{6} job tcp://127\.0\.0\.1:\d+: no suspect", line), line
+        job.kill()
+        died = time.monotonic()
+        line = watcher.stdout.readline()
+        if not line.startswith("nothing live"):  # its last verdict first, where the kill changed it
+            assert re.match(r"\d\d:\d\d:\d\d\.\d{6} job tcp://", line), line
+            line = watcher.stdout.readline()
+        assert line.startswith(f"nothing live in {tmp_path}: 2 trace file(s), no process writing one now; still "
+                               f"watching for new ones. What ended is read with: sglang-otel-kernels report {tmp_path}"), line
+        assert time.monotonic() - died < 10 + 30  # (30: the death is seen at the next verdict)
+    finally:
+        watcher.kill()
+        watcher.wait(timeout=30)

@@ -117,22 +117,33 @@ def _key(verdict: dict) -> tuple:
             tuple(waiting["ranks"]) if waiting else (), tuple(verdict.get("missing_ranks") or ()))
 
 
-def verdict_span(verdict: dict, contents: list[TraceFileContents], now: int, resource: Resource) -> ReadableSpan:
+def verdict_span(verdict: dict, contents: list[TraceFileContents], now: int, resource: Resource,
+                 since: "int | None" = None) -> ReadableSpan:
     """The span `sglang.verdict` of a new verdict: ERROR with its first
-    suspect, linked to that rank's call in flight."""
+    suspect (its rank, host and pid), linked to that rank's call in flight.
+    It lasts from the first sign of what it says (the suspect's call or wait
+    began that many seconds ago) or else from `since` (the evaluation
+    before, when the verdict was still the old one) to `now`."""
     attributes = {"sglang.job": str(verdict["job"]), "sglang.verdict.detail": verdict["verdict"]}
     links = []
     status = Status(StatusCode.UNSET)
     suspect = verdict["suspects"][0] if verdict["suspects"] else None
     waiting = verdict.get("waiting_for")
+    seconds = None
     if suspect is not None:
         status = Status(StatusCode.ERROR, verdict["verdict"][:1000])
         attributes.update({"sglang.verdict.rank": suspect["rank"], "sglang.verdict.reason": suspect["reason"],
                            "sglang.verdict.suspects": len(verdict["suspects"])})
+        for rank in verdict["ranks"]:
+            if rank["rank"] == suspect["rank"]:
+                attributes.update({key: value for key, value in (("sglang.verdict.host", rank.get("host")),
+                                                                 ("sglang.verdict.pid", rank.get("pid")))
+                                   if type(value) in (str, int)})
+                break
         if suspect["call"] is not None:
             attributes["sglang.verdict.call"] = suspect["call"]
         if suspect["seconds"] is not None:
-            attributes["sglang.verdict.seconds"] = float(suspect["seconds"])
+            seconds = attributes["sglang.verdict.seconds"] = float(suspect["seconds"])
         files = {rank["file"] for rank in verdict["ranks"] if rank["rank"] == suspect["rank"]}
         for content in contents:
             if content.path in files:
@@ -140,14 +151,28 @@ def verdict_span(verdict: dict, contents: list[TraceFileContents], now: int, res
                                {"sglang.rank": suspect["rank"]})
                           for span in content.spans if span.in_flight and span.name == suspect["call"]][:8]
     elif waiting is not None:
+        seconds = float(waiting["seconds"])
         attributes.update({"sglang.verdict.rank": waiting["ranks"][0], "sglang.verdict.reason": "waited_for",
-                           "sglang.verdict.seconds": float(waiting["seconds"])})
+                           "sglang.verdict.seconds": seconds})
     else:
         attributes["sglang.verdict.reason"] = "none"
+    start = now - int(seconds * 1e9) if seconds else since if since is not None and since < now else now - 1000
     context = SpanContext(random.getrandbits(128) or 1, random.getrandbits(64) or 1, False, TraceFlags(1))
     return ReadableSpan(VERDICT, context=context, parent=None, resource=resource, attributes=attributes, links=links,
-                        kind=SpanKind.INTERNAL, status=status, start_time=now, end_time=now,
+                        kind=SpanKind.INTERNAL, status=status, start_time=min(start, now - 1000), end_time=now,
                         instrumentation_scope=_SCOPE)
+
+
+IDLE_S = 8.0  # nothing live followed this long: said once (then again after something live is gone)
+
+
+def _idle_words(paths: list[str], files: int) -> str:
+    shown = " ".join(paths)
+    if not files:
+        return (f"no trace file in {shown} yet (*.sgltrace); still watching for new ones: start the job with "
+                "SGLANG_KERNEL_API_TRACEFILE pointing there, or give the directory it writes to")
+    return (f"nothing live in {shown}: {files} trace file(s), no process writing one now; still watching for new "
+            f"ones. What ended is read with: sglang-otel-kernels report {shown}")
 
 
 def watch(paths: list[str], *, interval: float, hang_seconds: float, stop: threading.Event,
@@ -160,8 +185,10 @@ def watch(paths: list[str], *, interval: float, hang_seconds: float, stop: threa
     ignored: set[str] = set()  # files no live process wrote when found
     jobs_seen_live: set = set()
     said: dict = {}
+    evaluated: dict = {}  # job -> when its verdict was last made
     new = 0
     causes: set = set()  # why verdicts were not taken, each said once
+    idle_since, idle_said = time.monotonic(), False  # nothing live followed since then; said so
     try:
         while True:
             for path in trace_files(paths):
@@ -180,22 +207,32 @@ def watch(paths: list[str], *, interval: float, hang_seconds: float, stop: threa
             now = time.time_ns()
             verdicts = cross_rank(contents, hang_seconds, now)
             for verdict in verdicts:
+                job, since = verdict["job"], evaluated.get(verdict["job"])
+                evaluated[job] = now
                 if any(rank["state"] in ("running", "frozen") for rank in verdict["ranks"]):
-                    jobs_seen_live.add(verdict["job"])
-                if verdict["job"] not in jobs_seen_live or said.get(verdict["job"]) == _key(verdict):
+                    jobs_seen_live.add(job)
+                if job not in jobs_seen_live or said.get(job) == _key(verdict):
                     continue
-                said[verdict["job"]] = _key(verdict)
+                said[job] = _key(verdict)
                 new += 1
-                say(f"{timestamp(now, date=False)} job {verdict['job']}: {verdict['verdict']}")
+                say(f"{timestamp(now, date=False)} job {job}: {verdict['verdict']}")
                 why = None if exporter is None else export_batch(exporter, [verdict_span(verdict, contents, now,
-                                                                                          resource)])
+                                                                                          resource, since)])
                 if why is not None and why not in causes:
                     causes.add(why)
                     say(f"(the OTLP back end did not take the verdict: {why}; it is printed here, and tried again "
                         "with the next one)")
             if on_verdicts is not None:
                 on_verdicts(verdicts)
-            if stop.wait(interval):
+            live, moment = any(content.live for content in contents), time.monotonic()
+            if live:
+                idle_since, idle_said = moment, False
+            elif not idle_said and moment - idle_since >= IDLE_S:
+                idle_said = True
+                say(_idle_words(paths, len(followed) + len(ignored)))
+            # Nothing live: new files are looked for every second, so a job that starts is followed at once.
+            pause = interval if live else min(interval, 1.0)
+            if stop.wait(pause):
                 return new
     finally:
         for live in followed.values():
