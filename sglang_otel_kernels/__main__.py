@@ -138,8 +138,16 @@ def _report(options) -> int:
         raise _Failure("--hang-seconds must be 0 or more")
     if not options.paths and not options.jaeger:
         raise _Failure("report: give trace files (PATH...), --jaeger URL, or both")
-    if options.jaeger and not options.service:
-        raise _Failure("--jaeger needs --service: the service the job's spans were sent as (OTEL_SERVICE_NAME)")
+    if options.jaeger:
+        from .recover.jaeger_source import jaeger_base
+
+        try:
+            _, named = jaeger_base(options.jaeger)
+        except ValueError as exc:
+            raise _Failure(str(exc)) from None
+        options.service = options.service or named  # a search page's URL names its service
+        if not options.service:
+            raise _Failure("--jaeger needs --service: the service the job's spans were sent as (OTEL_SERVICE_NAME)")
     if options.limit <= 0:
         raise _Failure("--limit must be more than 0")
     # What is read lives until the command ends, millions of objects and no
@@ -154,13 +162,18 @@ def _report(options) -> int:
             digests = merge_processes(_kept(read_digests(_load, [path for path, _ in files], options.last), files),
                                       options.last)
     if options.jaeger:
-        from .recover.jaeger_source import parse_duration, read_jaeger
+        import time
+
+        from .recover.jaeger_source import parse_time, read_jaeger
         from .recover.reader import TraceFileError
 
         try:
-            since = parse_duration(options.since)
+            now = time.time()
+            start, end = parse_time(options.since, now), parse_time(options.until, now) if options.until else now
+            if start >= end:
+                raise ValueError(f"--since ({options.since}) is not before --until ({options.until or 'now'})")
             digests += [digest(contents, options.last) for contents in
-                        read_jaeger(options.jaeger, options.service, since, options.limit)]
+                        read_jaeger(options.jaeger, options.service, start, end, options.limit)]
         except (ValueError, TraceFileError) as exc:
             raise _Failure(str(exc)) from None
     # An archive holds other services' spans too (Jaeger's own, where it traces itself): not a process of ours.
@@ -463,11 +476,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="in a live job, a collective waited on this long is a hang (default: "
                              "SGLANG_KERNEL_API_HANG_SECONDS, else 60; in a dead job every wait counts)")
     report.add_argument("--jaeger", metavar="URL",
-                        help="also (or instead) read the spans Jaeger holds: its query address, e.g. "
-                             "http://127.0.0.1:16686 (every node's ranks in one verdict, no file needed)")
-    report.add_argument("--service", metavar="NAME", help="with --jaeger: the service the spans were sent as")
-    report.add_argument("--since", default="1h", metavar="DURATION",
-                        help="with --jaeger: how far back, e.g. 30m, 2h, 1d (default 1h)")
+                        help="also (or instead) read the spans Jaeger holds: its address, e.g. "
+                             "http://127.0.0.1:16686, or any page of its UI (a search, a trace) "
+                             "(every node's ranks in one verdict, no file needed)")
+    report.add_argument("--service", metavar="NAME", help="with --jaeger: the service the spans were sent as "
+                                                          "(default: the one a search page's URL names)")
+    report.add_argument("--since", default="1h", metavar="WHEN",
+                        help="with --jaeger: from how long ago (30m, 2h, 1d) or from when (2026-12-03 06:30, "
+                             "local time unless it names its zone, e.g. 2026-12-03T06:30Z) (default 1h)")
+    report.add_argument("--until", metavar="WHEN", help="with --jaeger: until when, as --since (default now)")
     report.add_argument("--limit", type=int, default=1000, metavar="N",
                         help="with --jaeger: the newest N traces at most (default 1000)")
     report.add_argument("--json", action="store_true", help="print the report as one JSON document")

@@ -3,8 +3,10 @@ promtool unit tests, and the rules run by a real Prometheus with the
 shipped scrape config, scraping the real Collector that the export
 sidecars of real processes send their metrics to: a hang pages once, for
 the culprit, and turns into a death page when the job is killed, which
-resolves; a kernel's first failure and first NaN/Inf open tickets; a slow
-but healthy kernel pages nothing."""
+resolves, while the Collector's archive tells the same story as the trace
+files (states, suspects, durations, the Chrome timeline); a kernel's first
+failure and first NaN/Inf open tickets; a slow but healthy kernel pages
+nothing."""
 
 import json
 import os
@@ -96,7 +98,8 @@ def stack(tmp_path_factory):
     parameters.write_text(yaml.safe_dump(shipped))
     prometheus = Prometheus(directory, [f"127.0.0.1:{collector.env['PROMETHEUS_PORT']}"], str(parameters))
     try:
-        yield {"directory": directory, "jaeger": jaeger, "collector": collector, "prometheus": prometheus}
+        yield {"directory": directory, "jaeger": jaeger, "collector": collector, "prometheus": prometheus,
+               "archive": str(directory / "archive")}
     finally:
         prometheus.close()
         collector.close()
@@ -106,6 +109,27 @@ def stack(tmp_path_factory):
 def _of(prometheus: Prometheus, service: str) -> list[dict]:
     """The alerts (pending or firing) of the processes of `service`."""
     return [alert for alert in prometheus.alerts() if alert["labels"].get("job") == service]
+
+
+def _verdict(path) -> dict:
+    """`report --json`'s verdict of the 4-rank job over `path` (its trace files, or an archive)."""
+    proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(path), "--json",
+                           "--hang-seconds", str(HANG_SECONDS)], capture_output=True, text=True, timeout=120)
+    [job] = [job for job in json.loads(proc.stdout)["cross_rank_jobs"] if len(job["ranks"]) == 4]
+    return job
+
+
+def _states(verdict: dict) -> dict:
+    return {rank["rank"]: rank["state"] for rank in verdict["ranks"]}
+
+
+def _suspects(verdict: dict) -> list:
+    return [(suspect["rank"], suspect["reason"], suspect["call"]) for suspect in verdict["suspects"]]
+
+
+def _stuck_seconds(verdict: dict) -> float:
+    [rank] = [rank for rank in verdict["ranks"] if rank["rank"] == 2]
+    return [call["seconds"] for call in rank["in_flight"] if call["name"] == "layer.stuck"][0]
 
 
 def _firing(alerts: list[dict]) -> list[tuple]:
@@ -138,6 +162,11 @@ def test_a_hang_pages_once_for_the_culprit_then_its_kill_pages_the_death_and_bot
                 {"service": query["service"][0], "tags": query["tags"][0], "lookback": "1h", "limit": 20}))["data"])
         assert any(span["operationName"] == "layer.stuck" for trace in found for span in trace["spans"])
         assert hang["annotations"]["runbook_url"] == "docs/runbook.md#kernelcallhung"
+        # The Collector's archive tells the live hang as the trace files do: the same ranks running, the
+        # same suspect (it holds the hung calls' early exports, not the calls' ends).
+        files, archive = _verdict(tmp_path), _verdict(stack["archive"])
+        assert _states(archive) == _states(files) == {0: "running", 1: "running", 2: "running", 3: "running"}
+        assert _suspects(archive) == _suspects(files) == [(2, "missing", "layer.stuck")]
 
         job.kill()  # as a watchdog does
         died = wait("KernelProcessDied firing", lambda: [a for a in _of(prometheus, "alerts-hang")
@@ -148,6 +177,19 @@ def test_a_hang_pages_once_for_the_culprit_then_its_kill_pages_the_death_and_bot
         # The hang page resolved with its processes; the victims' deaths in all_reduce page nothing.
         wait("the hang page resolved", lambda: _firing(_of(prometheus, "alerts-hang"))
              == [("KernelProcessDied", "firing")], timeout=30)
+        # After the kill too, with the time the stuck call ran, in the report and in the Chrome timeline.
+        files = _verdict(tmp_path)
+        archive = wait("the deaths in the archive", lambda: (lambda v: v if _states(v) == _states(files) else None)(
+            _verdict(stack["archive"])), timeout=30)
+        assert _states(files) == {0: "died", 1: "died", 2: "died", 3: "died"}
+        assert _suspects(archive) == _suspects(files) == [(2, "killed_while_stuck", "layer.stuck")]
+        stuck = _stuck_seconds(files)
+        assert stuck > HANG_SECONDS and abs(_stuck_seconds(archive) - stuck) <= 2.0, (files, archive)
+        for source in (tmp_path, stack["archive"]):
+            chrome = json.loads(subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "export", "--format",
+                                                "chrome", str(source)], capture_output=True, text=True, timeout=120).stdout)
+            [drawn] = [event for event in chrome["traceEvents"] if event.get("name") == "layer.stuck [IN FLIGHT]"]
+            assert abs(drawn["dur"] / 1e6 - stuck) <= 2.0, (source, drawn)
         # The death's page resolves once the sidecar's last report expires in the Collector.
         wait("every alert of the job resolved", lambda: not _of(prometheus, "alerts-hang"), timeout=90)
     finally:

@@ -10,22 +10,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sglang_otel_kernels.recover.jaeger_source import parse_duration, read_jaeger
+from sglang_otel_kernels.recover.jaeger_source import jaeger_base, parse_duration, parse_time, read_jaeger
 from sglang_otel_kernels.recover.reader import TraceFileError
 
 
 class _Answers:
-    def __init__(self, body: bytes, status: int = 200) -> None:
+    """`body` to every request, or the body of the first path prefix of a dict that a request's path starts with."""
+
+    def __init__(self, body: "bytes | dict[str, bytes]", status: int = 200) -> None:
         self.body, self.status, self.paths = body, status, []
         answers = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 - http.server's name
                 answers.paths.append(self.path)
+                body = answers.body if isinstance(answers.body, bytes) else next(
+                    (text for prefix, text in answers.body.items() if self.path.startswith(prefix)), b"{}")
                 self.send_response(answers.status)
-                self.send_header("Content-Length", str(len(answers.body)))
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(answers.body)
+                self.wfile.write(body)
 
             def log_message(self, *args):
                 pass
@@ -69,7 +73,7 @@ def test_spans_of_each_process_become_one_contents_and_malformed_ones_are_counte
                  dict(GOOD, spanID="34" * 8, tags=[{"key": "k", "type": "int64", "value": "not a number"}])]
     body = json.dumps({"data": [_trace(GOOD, *bad_spans), "not a trace"]}).encode()
     server = answers(body)
-    [contents] = read_jaeger(server.url, "s", 3600, limit=7, now=1_700_000_100.0)
+    [contents] = read_jaeger(server.url, "s", 1_699_996_500.0, 1_700_000_100.0, limit=7)
     assert "service=s" in server.paths[0] and "limit=7" in server.paths[0]
     assert "start=1699996500000000" in server.paths[0] and "end=1700000100000000" in server.paths[0]
     spans = {span.span_id: span for span in contents.spans}
@@ -93,11 +97,11 @@ def test_a_process_whose_calls_in_flight_are_hung_calls_early_exports_reads_as_l
     elsewhere = {"p2": {"serviceName": "s", "tags": other}}
     traces = [_trace(hung), dict(_trace(ended), traceID="cd" * 16, processes=elsewhere)]
     by_pid = {contents.metadata["pid"]: contents for contents in
-              read_jaeger(answers(json.dumps({"data": traces}).encode()).url, "s", 60)}
+              read_jaeger(answers(json.dumps({"data": traces}).encode()).url, "s", 0, 60)}
     assert by_pid[42].live and not by_pid[42].exited
     assert by_pid[43].exited and not by_pid[43].live
     own = dict(GOOD, spanID="78" * 8)
-    [dead] = read_jaeger(answers(json.dumps({"data": [_trace(own, hung)]}).encode()).url, "s", 60)
+    [dead] = read_jaeger(answers(json.dumps({"data": [_trace(own, hung)]}).encode()).url, "s", 0, 60)
     assert not dead.live and not dead.exited  # one call in flight that is no hung call's export: it died
 
 
@@ -107,7 +111,7 @@ def test_a_process_whose_calls_in_flight_are_hung_calls_early_exports_reads_as_l
 def test_an_answer_that_is_not_traces_is_one_clear_error(answers, body, status, said):
     server = answers(body, status)
     with pytest.raises(TraceFileError, match=said):
-        read_jaeger(server.url, "s", 60)
+        read_jaeger(server.url, "s", 0, 60)
 
 
 def test_the_command_line_says_one_line_and_exits_2(answers):
@@ -124,3 +128,51 @@ def test_durations():
     for text in ("", "5", "0h", "-1h", "1w", "h"):
         with pytest.raises(ValueError):
             parse_duration(text)
+
+
+def test_times_are_durations_ago_or_absolute_in_local_time_unless_zoned():
+    import datetime
+
+    now = 1_700_000_000.0
+    assert parse_time("30m", now) == now - 1800
+    assert parse_time("2023-11-14T22:13:20Z", now) == 1_700_000_000.0
+    assert parse_time("2023-11-14 22:13:20+00:00", now) == 1_700_000_000.0
+    assert parse_time("2023-11-14 22:13", now) == datetime.datetime(2023, 11, 14, 22, 13).timestamp()  # local
+    for text in ("soon", "", "2023-13-40 25:00", "yesterday"):
+        with pytest.raises(ValueError, match="not a duration .* or a time"):
+            parse_time(text, now)
+
+
+@pytest.mark.parametrize("url, base, service", [
+    ("http://127.0.0.1:16686", "http://127.0.0.1:16686", None),
+    ("127.0.0.1:16686/", "http://127.0.0.1:16686", None),
+    ("http://j:16686/search?service=sglang&lookback=1h&tags=%7B%7D", "http://j:16686", "sglang"),
+    ("https://ops.example/jaeger/search?service=a%20b", "https://ops.example/jaeger", "a b"),
+    ("http://j:16686/trace/0af7651916cd43dd8448eb211c80319c?uiFind=x", "http://j:16686", None),
+    ("http://j:16686/api/traces?service=s", "http://j:16686", None)])
+def test_any_address_of_jaegers_ui_gives_its_api_base(url, base, service):
+    assert jaeger_base(url) == (base, service)
+
+
+def test_a_service_without_spans_lists_the_services_jaeger_has_and_a_quiet_window_says_so(answers):
+    server = answers({"/api/traces": b'{"data": []}', "/api/services": b'{"data": ["sglang", "jaeger", "watch"]}'})
+    with pytest.raises(TraceFileError, match=r"holds no spans of the service 'sglng'; its services: jaeger, sglang, "
+                                             r"watch \(--service\)"):
+        read_jaeger(server.url + "/search?service=sglng", "sglng", 0, 60)
+    assert server.paths[0].startswith("/api/traces?service=sglng")  # the search page's URL, as the base
+    with pytest.raises(TraceFileError, match=r"holds no trace of 'sglang' from 1970-01-01 .* to 1970-01-01 .* "
+                                             r"\(--since, --until\)"):
+        read_jaeger(server.url, "sglang", 0, 60)
+
+
+def test_report_takes_the_service_from_a_search_pages_url_and_an_absolute_since(answers):
+    server = answers({"/api/traces": b'{"data": []}', "/api/services": b'{"data": ["ranks"]}'})
+    proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--jaeger",
+                           server.url + "/search?service=ranks&lookback=1h", "--since", "2026-12-03 06:30",
+                           "--until", "2026-12-03T07:30Z"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "holds no trace of 'ranks' from 2026-12-03" in proc.stderr, proc.stderr
+    query = server.paths[0]
+    assert "service=ranks" in query and "end=1796283000000000" in query, query
+    proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--jaeger", server.url, "--service",
+                           "ranks", "--since", "10m", "--until", "20m"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--since (10m) is not before --until (20m)" in proc.stderr, proc.stderr

@@ -8,10 +8,10 @@ what its UI reads) gives whole traces: spans with their tags, references
 sent them with their resource tags (`process.pid`, `host.name`,
 `sglang.rank`, `sglang.job`, ...). Each process becomes one contents, as a
 trace file's would. Jaeger does not say whether a process still runs; its
-spans tell it: calls in flight that are all hung calls' early exports (the
-sidecar sends those while the process lives) make a live process, hanging;
-a call in flight of its own (the sidecar sends those when the process dies)
-a dead one; none, an ended one (or one that runs, healthy). Jaeger writes an array attribute as
+spans tell it, as an archive's do (otlp_json.exported_ending): calls in
+flight that are all hung calls' early exports make a live process, hanging;
+a call in flight of its own a dead one; none, an ended one (or one that
+runs, healthy). Jaeger writes an array attribute as
 JSON text: text that reads as a JSON array is taken as one (shapes, request
 ids, a group's ranks). Fetches are bounded (traces, bytes, time); Jaeger's
 answer is read as hostile input: what is not a trace or a span is left out
@@ -20,19 +20,19 @@ and counted.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
 from ..record import identity
-from ..schema import HUNG, IN_FLIGHT, THREAD_ID, THREAD_NAME
+from ..schema import IN_FLIGHT, THREAD_ID, THREAD_NAME
 from ..text import utf8
-from .otlp_json import without_answered_snapshots
-from .reader import RecoveredSpan, TraceFileContents, TraceFileError, said_ending
+from .otlp_json import exported_ending, without_answered_snapshots
+from .reader import RecoveredSpan, TraceFileContents, TraceFileError
 
 MAX_BYTES = 256 << 20
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
@@ -49,6 +49,34 @@ def parse_duration(text: str) -> float:
     if not found or float(found.group(1)) <= 0:
         raise ValueError(f"not a duration (such as 30m, 1h, 2d): {text!r}")
     return float(found.group(1)) * _UNITS[found.group(2)]
+
+
+def parse_time(text: str, now: float) -> float:
+    """Seconds since the epoch of `text`: a duration before `now` (`30m`,
+    `2h`) or a time (`2026-12-03 06:30`, ISO 8601: this machine's local time
+    unless it names its zone, as in `2026-12-03T06:30Z`, an alert's time)."""
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.datetime.fromisoformat(text.strip()).timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise ValueError(f"not a duration (such as 30m, 2h, 1d) or a time (such as 2026-12-03 06:30): {text!r}") \
+            from None
+
+
+def jaeger_base(url: str) -> tuple[str, "str | None"]:
+    """(the base of Jaeger's query API, the service the URL names or None)
+    of any address of Jaeger's UI: its root, a search page
+    (`.../search?service=...`) or a trace page (`.../trace/<id>`), under a
+    path prefix or not. ValueError for what is no http(s) URL."""
+    parsed = urllib.parse.urlparse(url if "://" in url else "http://" + url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"not a Jaeger URL: {url!r}")
+    path = re.split(r"/(?:search|trace/[^/]*|api)(?:/|$)", parsed.path, maxsplit=1)[0].rstrip("/")
+    service = urllib.parse.parse_qs(parsed.query).get("service", [None])[0] if parsed.path.endswith("/search") else None
+    return f"{parsed.scheme}://{parsed.netloc}{path}", service or None
 
 
 def _value(tag: dict) -> Any:
@@ -149,20 +177,39 @@ def _fetch(url: str, timeout: float) -> Any:
         raise TraceFileError(f"Jaeger's answer to {url} is not JSON") from None
 
 
-def read_jaeger(base: str, service: str, since_s: float, limit: int = 1000, timeout: float = 30.0,
-                now: float | None = None) -> list[TraceFileContents]:
+def _services(base: str, timeout: float) -> list[str]:
+    """The services Jaeger holds spans of (its /api/services), bounded; [] where it does not say."""
+    try:
+        answer = _fetch(f"{base}/api/services", timeout)
+    except TraceFileError:
+        return []
+    names = answer.get("data") if isinstance(answer, dict) else None
+    return sorted(str(name)[:200] for name in names[:100]) if isinstance(names, list) else []
+
+
+def read_jaeger(url: str, service: str, start_s: float, end_s: float, limit: int = 1000,
+                timeout: float = 30.0) -> list[TraceFileContents]:
     """One contents per process whose spans the newest `limit` traces of
-    `service` in the last `since_s` seconds hold."""
-    parsed = urllib.parse.urlparse(base if "://" in base else "http://" + base)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise TraceFileError(f"not a Jaeger URL: {base!r}")
-    end = int((time.time() if now is None else now) * 1e6)
-    query = urllib.parse.urlencode({"service": service, "start": end - int(since_s * 1e6), "end": end,
+    `service` between `start_s` and `end_s` (seconds since the epoch) hold;
+    `url`: any address of Jaeger's UI (`jaeger_base`). No trace there is an
+    error that lists the services Jaeger holds."""
+    try:
+        base, _ = jaeger_base(url)
+    except ValueError as exc:
+        raise TraceFileError(str(exc)) from None
+    query = urllib.parse.urlencode({"service": service, "start": int(start_s * 1e6), "end": int(end_s * 1e6),
                                     "limit": limit})
-    answer = _fetch(f"{parsed.scheme}://{parsed.netloc}{parsed.path.rstrip('/')}/api/traces?{query}", timeout)
+    answer = _fetch(f"{base}/api/traces?{query}", timeout)
     traces = answer.get("data") if isinstance(answer, dict) else None
     if not isinstance(traces, list):
         raise TraceFileError("Jaeger's answer holds no traces (no `data` list)")
+    if not traces:
+        services = _services(base, timeout)
+        window = f"from {_local(start_s)} to {_local(end_s)}"
+        if service not in services:
+            raise TraceFileError(f"Jaeger at {base} holds no spans of the service {service!r}; its services: "
+                                 + (", ".join(services) if services else "none") + " (--service)")
+        raise TraceFileError(f"Jaeger at {base} holds no trace of {service!r} {window} (--since, --until)")
     # key -> (resource, spans by id, the newest time exported: a call in flight ends at its process's last sign of life)
     processes: dict[tuple, tuple[dict, dict[int, RecoveredSpan], list[int]]] = {}
     skipped = 0
@@ -191,7 +238,6 @@ def read_jaeger(base: str, service: str, since_s: float, limit: int = 1000, time
     out = []
     for resource, by_id, newest in processes.values():
         spans = sorted(without_answered_snapshots(list(by_id.values())), key=lambda span: span.start_time)
-        in_flight = [span for span in spans if span.in_flight]
         metadata = {"resource": resource, "pid": resource.get("process.pid"), "host": resource.get("host.name"),
                     "format": "Jaeger", "ranks": {key: resource[f"sglang.{key}"] for key in identity.RESOURCE_KEYS
                                                   if f"sglang.{key}" in resource}}
@@ -199,6 +245,9 @@ def read_jaeger(base: str, service: str, since_s: float, limit: int = 1000, time
             path=f"jaeger:{service}/{resource.get('host.name')}/{resource.get('process.pid')}", metadata=metadata,
             spans=spans, records=len(spans), skipped=skipped,
             problems=[f"{skipped} malformed trace(s) or span(s) left out"] if skipped else [],
-            last_time=newest[0], exited=not in_flight, fatal_signal=said_ending(in_flight),
-            live=bool(in_flight) and all(span.attributes.get(HUNG) is True for span in in_flight)))
+            last_time=newest[0], **exported_ending(spans)))
     return out
+
+
+def _local(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")

@@ -245,7 +245,9 @@ def _key_values(items, depth: int = 0) -> dict:
     return out
 
 
-def _span(span: dict, scope: tuple[str, str]) -> RecoveredSpan:
+def _span(span: dict, scope: tuple[str, str]) -> tuple[int, RecoveredSpan]:
+    """(the end it was exported with, the span): a call in flight was exported ending at its
+    process's last sign of life, which is no end of the call."""
     if not isinstance(span, dict) or not isinstance(span.get("name", ""), str):
         raise Malformed("a span is not an object with a name")
     attributes = _key_values(span.get("attributes"))
@@ -258,7 +260,8 @@ def _span(span: dict, scope: tuple[str, str]) -> RecoveredSpan:
     in_flight = attributes.get(IN_FLIGHT) is True
     thread = attributes.get(THREAD_ID)
     thread_name = attributes.get(THREAD_NAME)
-    return RecoveredSpan(
+    exported_end = _time(span.get("endTimeUnixNano"), "endTimeUnixNano")
+    return exported_end, RecoveredSpan(
         name=utf8(span.get("name", "")),
         trace_id=_id(span.get("traceId"), 16, "traceId") or _raise("a span without a traceId"),
         span_id=_id(span.get("spanId"), 8, "spanId") or _raise("a span without a spanId"),
@@ -267,7 +270,7 @@ def _span(span: dict, scope: tuple[str, str]) -> RecoveredSpan:
         kind=max(kind - 1, 0),
         start_time=_time(span.get("startTimeUnixNano"), "startTimeUnixNano"),
         # A call our export wrote as in flight ends at the file's newest time, which is no end.
-        end_time=None if in_flight else _time(span.get("endTimeUnixNano"), "endTimeUnixNano"),
+        end_time=None if in_flight else exported_end,
         status_code=_CODES.get(status.get("code", 0), "UNSET"),
         status_description=utf8(status["message"]) if isinstance(status.get("message"), str) else "",
         attributes=attributes,
@@ -313,6 +316,18 @@ def without_answered_snapshots(spans: list[RecoveredSpan]) -> list[RecoveredSpan
     return [span for span in spans if not (span.attributes.get(HUNG) is True and span.parent_span_id in ids)]
 
 
+def exported_ending(spans: list[RecoveredSpan]) -> dict:
+    """How a process whose spans were exported (an archive, Jaeger) stands,
+    as its sidecar's exports tell it (no file, no pid to ask): calls in
+    flight that are all hung calls' early exports (sent while the process
+    lives) make it live, hanging; a call in flight of its own (sent when the
+    process died) dead, with what the sidecar said of its death; none, ended
+    (or running, healthy). `spans`: without answered snapshots."""
+    in_flight = [span for span in spans if span.in_flight]
+    return {"live": bool(in_flight) and all(span.attributes.get(HUNG) is True for span in in_flight),
+            "exited": not in_flight, "fatal_signal": said_ending(in_flight)}
+
+
 def read_otlp_json(path: str) -> "list[TraceFileContents]":
     """The spans of an OTLP JSON file, one TraceFileContents per resource
     (a process), as the report and the Chrome export take them. Malformed
@@ -345,7 +360,7 @@ def read_otlp_json(path: str) -> "list[TraceFileContents]":
             # One process: its resource gains attributes (its ranks) once they are known.
             key = (json.dumps([resource.get("host.name"), resource.get("process.pid")], default=repr)
                    if "process.pid" in resource else json.dumps(resource, sort_keys=True, default=repr))
-            known, spans = processes.setdefault(key, ({}, []))
+            known, spans, newest = processes.setdefault(key, ({}, [], [0]))
             known.update(resource)
             for scope_entry in scope_spans:
                 scope = scope_entry.get("scope") if isinstance(scope_entry, dict) else None
@@ -353,24 +368,25 @@ def read_otlp_json(path: str) -> "list[TraceFileContents]":
                 names = (utf8(str(scope.get("name", ""))), utf8(str(scope.get("version", ""))))
                 for span in _list(scope_entry.get("spans") if isinstance(scope_entry, dict) else None):
                     try:
-                        spans.append(_span(span, names))
+                        end, recovered = _span(span, names)
                     except (Malformed, AttributeError, TypeError):
                         skipped += 1
+                        continue
+                    spans.append(recovered)
+                    newest[0] = max(newest[0], recovered.start_time, end)
     if skipped:
         problems.append(f"{skipped} malformed span(s) left out")
-    if not any(spans for _, spans in processes.values()):
+    if not any(spans for _, spans, _ in processes.values()):
         raise TraceFileError(f"{path}: no OTLP JSON spans in it" + (f" ({problems[0]})" if problems else ""))
     out = []
-    for resource, spans in processes.values():
+    for resource, spans, newest in processes.values():
         if not spans:
             continue
         spans = without_answered_snapshots(spans)
         spans.sort(key=lambda span: span.start_time)
-        times = [t for span in spans for t in (span.start_time, span.end_time or 0)]
         metadata = {"resource": resource, "pid": resource.get("process.pid"), "host": resource.get("host.name"),
                     "format": "OTLP JSON", "ranks": {key: resource[f"sglang.{key}"] for key in identity.RESOURCE_KEYS
                                                       if f"sglang.{key}" in resource}}
         out.append(TraceFileContents(path=path, metadata=metadata, spans=spans, records=len(spans), skipped=skipped,
-                                     problems=list(problems), last_time=max(times, default=0),
-                                     fatal_signal=said_ending(spans)))
+                                     problems=list(problems), last_time=newest[0], **exported_ending(spans)))
     return out

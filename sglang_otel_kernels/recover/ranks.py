@@ -37,7 +37,7 @@ from ..schema import (COLLECTIVE_GROUP as GROUP, COLLECTIVE_GROUP_RANKS as GROUP
                       STOP_SPAN)
 from .batch_failures import (after_failure, after_failure_text, at_death_words, batch_words, failure_of, is_batch,
                              request_ids, stage_of)
-from .reader import RecoveredSpan, TraceFileContents
+from .reader import RecoveredSpan, TraceFileContents, where_written
 # Ops whose tensors may differ in size from rank to rank (uneven splits).
 _UNEVEN = ("all_to_all", "all_to_all_single", "all_gatherv", "reduce_scatterv")
 MAX_MISMATCHES = 20
@@ -718,8 +718,8 @@ def render(verdict: dict) -> list[str]:
         doing = "; ".join(f"in {c['collective'] or c['name']} for {c['seconds']} s" for c in rank["in_flight"][-2:])
         last = ", ".join(f"{v['op']} #{v['seq']} of {g} ({v['state']})" for g, v in rank["last_collectives"].items())
         lines.append(f"  rank {rank['rank']}: {rank['state']}{after_failure_text(rank.get('after_failure'))}"
-                     f"{ending_text(rank.get('fatal_signal'), rank.get('stop_reason'))}, pid {rank['pid']}, "
-                     f"{os.path.basename(rank['file'])}"
+                     f"{ending_text(rank.get('fatal_signal'), rank.get('stop_reason'))}, "
+                     f"{where_written(rank['pid'], rank['file'])}"
                      + (f"; {doing}" if doing else "") + (f"; last collective {last}" if last else ""))
     for entry in verdict["collectives"]:
         if entry["waiting"] or entry["failed"]:

@@ -153,6 +153,14 @@ _FATAL_WORDS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus erro
                 "Illegal instruction": "SIGILL"}
 
 
+def where_written(pid: Any, path: "str | None") -> str:
+    """`pid 4242, trace_4242.sgltrace`: a process and its file. A process
+    read from Jaeger (`jaeger:SERVICE/HOST/PID`) has no file: its host instead."""
+    if path and path.startswith("jaeger:") and path.count("/") >= 2:
+        return f"pid {pid} on {path.rsplit('/', 2)[-2]}"
+    return f"pid {pid}, {os.path.basename(path or '?')}"
+
+
 def said_ending(spans: list[RecoveredSpan]) -> str | None:
     """How the process of exported spans ended, as its sidecar wrote on the
     calls it left in flight (FATAL_SIGNAL; see `fatal_signal`); None: not said."""

@@ -18,7 +18,7 @@ from .batch_failures import (after_failure, after_failure_text, at_death_words, 
 from .digest import Digest, add_counts, digest, produced_nonfinite
 from .ranks import cross_rank, ending_text, rank_of, state_of, stop_reason, timestamp
 from .ranks import render as render_verdict
-from .reader import RecoveredSpan, TraceFileContents, read_text
+from .reader import RecoveredSpan, TraceFileContents, read_text, where_written
 from .stacks import tidy_stacks
 
 OUTPUT_PREFIX = PREFIX + "output"  # `sglang.kernel.output.shape`, `sglang.kernel.output.0.shape`
@@ -308,7 +308,7 @@ def _ranks(value: Any) -> dict[str, str]:
 def process_text(call: dict[str, Any]) -> str:
     """`rank 2, pid 4242, trace_4242.sgltrace`: where a call ran."""
     rank = f"rank {call['rank']}, " if call.get("rank") is not None else ""
-    return f"{rank}pid {call.get('pid')}, {os.path.basename(call.get('file') or '?')}"
+    return rank + where_written(call.get("pid"), call.get("file"))
 
 
 def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
@@ -439,7 +439,9 @@ def render_text(report: dict[str, Any]) -> str:
         for call in halted:
             out.extend(call_lines(call))
     if running:
-        out.append(f"RUNNING: the writing process is alive; {len(running)} kernel call(s) running now:")
+        writers = len({call["file"] for call in running})
+        alive = "the writing process is alive" if writers == 1 else f"the {writers} writing processes are alive"
+        out.append(f"RUNNING: {alive}; {len(running)} kernel call(s) running now:")
         for call in running:
             out.extend(call_lines(call))
     at_death = report.get("graph_replay_at_death") or []
