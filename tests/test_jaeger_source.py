@@ -176,3 +176,12 @@ def test_report_takes_the_service_from_a_search_pages_url_and_an_absolute_since(
     proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--jaeger", server.url, "--service",
                            "ranks", "--since", "10m", "--until", "20m"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--since (10m) is not before --until (20m)" in proc.stderr, proc.stderr
+
+
+def test_a_process_read_from_jaeger_is_named_by_its_pid_and_host(answers):
+    server = answers({"/api/traces": json.dumps({"data": [_trace(GOOD)]}).encode()})
+    proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--jaeger", server.url, "--service", "s"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "(rank 2, pid 42 on node-1; thread" in proc.stdout, proc.stdout
+    assert "pid 42, 42" not in proc.stdout
