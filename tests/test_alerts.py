@@ -251,6 +251,16 @@ def test_a_first_failure_and_a_first_nan_open_tickets_and_a_slow_healthy_kernel_
 
         assert wait("the two tickets", tickets, timeout=90) == {("KernelCallsFailing", "layer.first", "ticket"),
                                                                  ("KernelMadeNaN", "layer.inf", "ticket")}
+        # Each ticket's Jaeger link finds its kernel's calls (the failed one, the one that made Inf).
+        for alert in _of(prometheus, "alerts-tickets"):
+            link = urllib.parse.parse_qs(urllib.parse.urlparse(alert["annotations"]["jaeger"]).query)
+            found = wait(f"{alert['labels']['alertname']}'s Jaeger link", lambda: get(
+                f"{stack['jaeger'].query}/api/traces?" + urllib.parse.urlencode(
+                    {"service": link["service"][0], "tags": link["tags"][0], "lookback": "1h", "limit": 20}))["data"])
+            calls = [span for trace in found for span in trace["spans"]
+                     if span["operationName"] == alert["labels"]["sglang_kernel_name"]]
+            flag = "error" if alert["labels"]["alertname"] == "KernelCallsFailing" else "sglang.kernel.has_inf"
+            assert any({"key": flag, "type": "bool", "value": True} in span["tags"] for span in calls), calls
         assert worker.stdout.readline() == "slow done\n"
         time.sleep(3)  # the last scrape of the slow call's 6 s
         tickets()

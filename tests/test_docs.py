@@ -1,6 +1,6 @@
 """The README and the docs' quick starts, run as a user would run them, so
 that they cannot rot: every ```python block that names a file is written to
-it, every command of every ```sh block runs in one shell, in order, in a
+it, every command of every ```sh block runs in one POSIX shell (`sh`), in order, in a
 scratch folder (the repository's .ci, .venv, .backends and
 collector-config linked into it), and each must exit as expected. What a
 test machine has not (a GPU server, the network's package index) is
@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -32,21 +33,12 @@ QUICK_STARTS = {"README.md": None, "docs/sglang.md": "Quick start", "docs/crashe
 SERVER = ("import os, torch, sglang_otel_kernels as sok\n"
           "kernel = sok.debug_kernel_api(op_name='sglang.custom_op.moe_align_block_size')(lambda x: os.abort())\n"
           "kernel(torch.ones(4, dtype=torch.int32))\n")
-# A job's stand-in: 4 gloo ranks on the CPU whose rank 2 hangs in a kernel (tests/rank_worker.py, scenario stuck).
-JOB = ("import socket, subprocess, sys\n"
-       "with socket.socket() as probe:\n"
-       "    probe.bind(('127.0.0.1', 0))\n"
-       "    rendezvous = str(probe.getsockname()[1])\n"
-       f"worker = {os.path.join(ROOT, 'tests', 'rank_worker.py')!r}\n"
-       "ranks = [subprocess.Popen([sys.executable, worker, str(rank), '4', rendezvous, 'stuck', '0']) for rank in range(4)]\n"
-       "sys.exit(max(rank.wait() for rank in ranks))\n")
 # (text in a command, what runs instead, why)
 SUBSTITUTIONS = [
     ("bash .ci/install && ", "", "CI ran `.ci/install --tests` just before the tests: the main job's demo runs"),
     ("pip install path/to/this/repository", f'pip install -q --no-deps --target "$SCRATCH/site" {ROOT}',
      "built and installed into a scratch folder, not over the environment under test"),
-    ("python -m sglang.launch_server --model-path ... --tp 8 --nnodes 2 --node-rank 0 --dist-init-addr 10.0.0.1:5000",
-     'python "$SCRATCH/job.py"', "a node of a 2-node job: a stand-in job of 4 gloo ranks on the CPU, rank 2 stuck in a kernel"),
+    (" 4 29500 stuck 0", ' 4 "$RENDEZVOUS" stuck 0', "the stand-in job's rendezvous on a free port"),
     ("python -m sglang.launch_server --model-path ... --tp 8", 'python "$SCRATCH/server.py"',
      "a server needs a GPU: a stand-in process dies (SIGABRT) inside an SGLang-named kernel"),
     ("/data/crash/", "$SCRATCH/data/crash/", "a scratch folder for /data"),
@@ -60,7 +52,7 @@ NOT_RUN = {"bash .ci/install --tests && .venv/bin/python -m pytest -q tests && b
            "it is this run (tests/test_cli.py pins that .ci/run runs exactly it)"}
 # Commands that exit non-zero by design: `run` passes on the stand-in's SIGABRT, `report` says it found a crash.
 EXITS = {"sglang-otel-kernels run --": 128 + signal.SIGABRT, "sglang-otel-kernels report ": 1}
-LINKED = (".ci", ".venv", ".backends", "collector-config")
+LINKED = (".ci", ".venv", ".backends", "collector-config", "tests")
 
 
 def _blocks(text: str, section: "str | None") -> list[tuple[str, str]]:
@@ -117,7 +109,6 @@ def _scratch(tmp_path, name: str):
         if os.path.exists(os.path.join(ROOT, each)):
             os.symlink(os.path.join(ROOT, each), scratch / each)
     (scratch / "server.py").write_text(SERVER)
-    (scratch / "job.py").write_text(JOB)
     return scratch
 
 
@@ -129,7 +120,9 @@ def _without_numbers(text: str) -> str:
 
 
 def _jaeger_has_the_crash(query: str) -> bool:
-    url = f"{query}/api/traces?service=sglang&limit=20&lookback=1h"
+    """The README's search (service sglang, tag sglang.kernel.in_flight=true) finds the crash, on the in-memory Jaeger."""
+    url = f"{query}/api/traces?service=sglang&limit=20&lookback=1h&" + urllib.parse.urlencode(
+        {"tags": json.dumps({"sglang.kernel.in_flight": "true"})})
     with urllib.request.urlopen(url, timeout=10) as response:
         traces = json.loads(response.read())["data"] or []
     return any(span["operationName"] == "sglang.custom_op.embedding"
@@ -152,9 +145,9 @@ def test_every_command_and_code_block_of_the_quick_starts_runs(document, tmp_pat
     assert commands, f"{document}: no command found"
     env = clean_env("JAEGER_")
     query = f"127.0.0.1:{port()}"
-    env.update(PATH=os.path.dirname(sys.executable) + os.pathsep + env["PATH"], SCRATCH=str(scratch),
+    env.update(PATH=os.path.dirname(sys.executable) + os.pathsep + env["PATH"], SCRATCH=str(scratch), RENDEZVOUS=str(port()),
                JAEGER_OTLP_GRPC=f"127.0.0.1:{port()}", JAEGER_QUERY_HTTP=query, JAEGER_QUERY_GRPC=f"127.0.0.1:{port()}")
-    shell = subprocess.Popen(["bash", "-c", script], cwd=scratch, env=env, stdout=subprocess.PIPE,
+    shell = subprocess.Popen(["sh", "-c", script], cwd=scratch, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = shell.communicate(timeout=900)
