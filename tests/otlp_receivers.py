@@ -33,6 +33,7 @@ def decode(request: trace_service_pb2.ExportTraceServiceRequest) -> list[dict]:
                 spans.append(
                     {
                         "name": span.name,
+                        "kind": span.kind,  # 2: SERVER
                         "trace_id": int.from_bytes(span.trace_id, "big"),
                         "span_id": int.from_bytes(span.span_id, "big"),
                         "parent_span_id": int.from_bytes(span.parent_span_id, "big") if span.parent_span_id else 0,

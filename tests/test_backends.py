@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from backends import BIN, CONFIG, Collector, Jaeger, clean_env as _clean_env, ensure_built, get, wait as _wait
+from backends import BIN, CONFIG, Collector, Jaeger, clean_env as _clean_env, ensure_built, get, operation, wait as _wait
 from otlp_receivers import GrpcReceiver
 
 KERNELS = {"sglang.custom_op.embedding", "sglang.custom_op.rmsnorm", "sglang.quant_method.UnquantizedLinearMethod.apply"}
@@ -266,8 +266,8 @@ def test_a_batched_request_trace_references_its_batch_whose_children_are_the_ker
     jaeger = world["jaeger"]
     for trace_id in world["all"]["batched"]:
         request = jaeger.trace(trace_id)
-        names = sorted(span["operationName"] for span in request["spans"])
-        assert names == ["POST /generate", "decode_batch.request"], names
+        names = sorted(operation(span["operationName"]) for span in request["spans"])
+        assert names == ["POST /generate req-N", "decode_batch.request"], names
         [back] = [span for span in request["spans"] if span["operationName"] == "decode_batch.request"]
         assert _tags(back)["sglang.batch.kernel_calls"] == 3  # a clean batch: how many it ran, none copied here
         [link] = [ref for ref in back["references"] if ref["refType"] == "FOLLOWS_FROM"]
@@ -290,7 +290,7 @@ def test_a_batch_of_one_sits_in_its_request_trace(world):
     trace = world["jaeger"].trace(world["all"]["single"])
     by_id = {span["spanID"]: span for span in trace["spans"]}
     [batch] = [span for span in trace["spans"] if span["operationName"] == "decode_batch"]
-    assert by_id[batch["references"][0]["spanID"]]["operationName"] == "POST /generate"
+    assert operation(by_id[batch["references"][0]["spanID"]]["operationName"]) == "POST /generate req-N"
     assert {span["operationName"] for span in trace["spans"] if any(
         ref["spanID"] == batch["spanID"] for ref in span["references"])} == KERNELS
 
@@ -388,7 +388,8 @@ def test_only_the_request_whose_rows_went_nan_holds_the_kernels_that_made_them(w
         trace = jaeger.trace(trace_id)
         kernels = _kernels(trace)
         if index != NAN_AT:  # a clean batch mate: its trace holds no kernel
-            assert sorted(span["operationName"] for span in trace["spans"]) == ["POST /generate", "decode_batch.request"]
+            assert sorted(operation(span["operationName"]) for span in trace["spans"]) == \
+                ["POST /generate req-N", "decode_batch.request"]
             continue
         # rmsnorm made the NaN from finite inputs; the linear layer's rows of this request are NaN too.
         assert sorted(kernel["operationName"] for kernel in kernels) == \
@@ -412,8 +413,8 @@ def test_demo_crash_puts_the_call_in_flight_into_all_five_request_traces_once(wo
     originals = set()
     for trace_id in world["demo"]:
         trace = jaeger.trace(trace_id)
-        assert sorted(span["operationName"] for span in trace["spans"]) == \
-            ["POST /generate", "decode_batch.request", "sglang.custom_op.embedding"]
+        assert sorted(operation(span["operationName"]) for span in trace["spans"]) == \
+            ["POST /generate req-N", "decode_batch.request", "sglang.custom_op.embedding"]
         [kernel] = _kernels(trace)
         tags = _tags(kernel)
         assert tags["sglang.kernel.in_flight"] is True and tags["error"] is True
@@ -432,7 +433,7 @@ def test_a_call_in_flight_at_a_crash_reaches_jaeger_inside_its_request_trace(wor
     trace = world["jaeger"].trace(world[how])
     in_flight = [span for span in trace["spans"] if _tags(span).get("sglang.kernel.in_flight") is True]
     # The kernel, and the batch and request spans it ran in, all cut short by the crash.
-    assert sorted(span["operationName"] for span in in_flight) == ["POST /generate", "decode_batch",
+    assert sorted(operation(span["operationName"]) for span in in_flight) == ["POST /generate req-N", "decode_batch",
                                                                    "sglang.custom_op.embedding"]
     [kernel] = [span for span in in_flight if span["operationName"] == "sglang.custom_op.embedding"]
     assert _tags(kernel)["otel.status_code"] == "ERROR"

@@ -46,12 +46,15 @@ def test_demo_crash_reports_what_the_dead_process_left(tmp_path):
     assert "Fatal Python error: Aborted" in crashed
     assert "in embedding" in crashed  # where Python was, from the saved traceback
     # The five requests were one batch (the demo's batching window), as the README shows.
-    assert "batch decode_batch: requests req-0001, req-0002, req-0003, req-0004, req-0005 (5 traces linked)" in crashed
+    batch = re.search(r"batch decode_batch: requests ((?:req-\d+, ){4}req-\d+) \(5 traces linked\)", crashed)
+    assert batch and sorted(batch[1].split(", ")) == [f"req-000{i}" for i in range(1, 6)], crashed
     # No endpoint set: the hint is to replay the file to a local Collector.
     assert "replay sglang_kernel_trace_" in out and "--endpoint http://127.0.0.1:4317" in out
     # The spans around the call: one line per name with its traces, wrapped.
+    # Each request's span is named by its id, so each line pairs a request with its trace.
     unfinished = crashed.split("Also unfinished")[1].split("\n\n")[0].splitlines()
-    assert unfinished[1].startswith("  POST /generate (5): traces ")
+    assert [re.sub(r"[0-9a-f]{32}", "T", line) for line in unfinished[1:6]] == [
+        f"  POST /generate req-000{i} (1): trace T" for i in range(1, 6)]
     assert all(len(line) <= 110 for line in unfinished[1:])
     # The traceback: the thread that crashed first, the five HTTP threads waiting
     # in the same place collapsed into one entry.

@@ -76,13 +76,19 @@ def test_requests_reach_their_kernels_in_the_back_end(tmp_path):
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
     try:
-        spans = receiver.wait_for(lambda got: sum(s["name"] == "POST /generate" for s in got) == 7)
+        spans = receiver.wait_for(lambda got: sum(s["name"].startswith("POST /generate ") for s in got) == 7)
     finally:
         receiver.stop()
     assert server.returncode == 0, server.stderr.read()
 
-    for trace_id, parent_id in good + [(0x999, 0x998)]:
-        (request,) = [s for s in spans if s["trace_id"] == trace_id and s["name"] == "POST /generate"]
+    answers = [results[i] for i in range(len(good))] + [(bad_status, bad_body)]
+    for (trace_id, parent_id), (status, body) in zip(good + [(0x999, 0x998)], answers):
+        # The request's span is named by the id its answer gave (what Jaeger's search list shows of a trace).
+        (request,) = [s for s in spans if s["trace_id"] == trace_id and s["kind"] == 2]
+        assert request["name"] == f"POST /generate {body['id']}"
+        assert request["attributes"]["sglang.request.id"] == body["id"]
+        assert request["attributes"]["http.status_code"] == status
+        assert request["status"] == (2 if status == 500 else 0)
         assert request["parent_span_id"] == parent_id  # the client's traceparent was honoured
         served = kernels_serving(trace_id, spans)
         assert {k["name"] for k in served} >= {"sglang.custom_op.embedding"}, trace_id
@@ -133,6 +139,12 @@ def test_malformed_bodies_get_a_4xx_at_once_and_the_service_keeps_serving(tmp_pa
             code, answer = _raw_post(port, body)
             assert code == status and answer["error"], (body[:40], code, answer)
         assert _raw_post(port, b"x" * 10, {"Content-Length": str(2 << 20)})[0] == 413
+        for rid in ["", "a b", "x" * 65, "req\u00e9"]:  # not a printable id of 64 characters at most
+            code, answer = _raw_post(port, b'{"tokens": [1]}', {"X-Request-Id": rid.encode("utf-8").decode("latin-1")})
+            assert code == 400 and "X-Request-Id" in answer["error"], (rid, code, answer)
+        # A client's own request id names the request (its span, its batch, its answer).
+        code, answer = _raw_post(port, b'{"tokens": [1]}', {"X-Request-Id": "cust-42:a.b_c"})
+        assert code == 200 and answer["id"] == "cust-42:a.b_c", answer
         # Still serving, for well-formed requests and kernel failures alike.
         assert _raw_post(port, b'{"tokens": [1, 2, 3]}')[0] == 200
         assert _raw_post(port, b'{"tokens": [1, 4000000]}')[0] == 500

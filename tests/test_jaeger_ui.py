@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from backends import ROOT, Jaeger, ensure_built, wait
+from backends import ROOT, Jaeger, ensure_built, operation, wait
 from test_backends import BAD, FAILING, NAN, _crash, _post, _service, _together
 
 UI = os.path.join(os.path.dirname(ROOT), "shared", "jaeger-ui")
@@ -113,9 +113,9 @@ def test_a_request_of_a_batch_killed_by_another_request_shows_the_call_in_flight
     jaeger, ids = world
     _open_trace(page, jaeger, ids["batched"][0])
     assert page.locator(".TracePageHeader--title").inner_text().startswith("example-batched-crash: POST /generate")
-    names = [name.strip() for name in page.locator(".span-row .endpoint-name").all_inner_texts()]
+    names = [operation(name.strip()) for name in page.locator(".span-row .endpoint-name").all_inner_texts()]
     # Nested in this order: the request, its part in the batch, the batch's kernel that was running at the death.
-    assert names == ["POST /generate", "decode_batch.request", "sglang.custom_op.embedding"]
+    assert names == ["POST /generate req-N", "decode_batch.request", "sglang.custom_op.embedding"]
     kernel = _row(page, "sglang.custom_op.embedding")
     assert kernel.locator(".SpanBarRow--errorIcon").count() == 1
     assert _micros(kernel.locator(".SpanBar--label").inner_text()) >= 40_000  # until the process died
@@ -132,8 +132,8 @@ def test_the_crash_trace_of_a_batch_of_one_shows_the_request_its_batch_and_the_c
     jaeger, ids = world
     _open_trace(page, jaeger, ids["crash"])
     assert page.locator(".TracePageHeader--title").inner_text().startswith("example-crash: POST /generate")
-    names = [name.strip() for name in page.locator(".span-row .endpoint-name").all_inner_texts()]
-    assert names == ["POST /generate", "decode_batch", "sglang.custom_op.embedding"]  # nested in this order
+    names = [operation(name.strip()) for name in page.locator(".span-row .endpoint-name").all_inner_texts()]
+    assert names == ["POST /generate req-N", "decode_batch", "sglang.custom_op.embedding"]  # nested in this order
     kernel = _row(page, "sglang.custom_op.embedding")
     assert kernel.locator(".SpanBarRow--errorIcon").count() == 1
     # Its bar runs until the process died (50 ms into the call), not a 0 us sliver.
@@ -177,3 +177,21 @@ def test_the_tag_search_has_nan_finds_the_nan_trace_alone(world, page, shots):
     assert "\n1 Trace\n" in page.locator(".SearchResults--header").inner_text()
     assert page.locator(".ResultItem").count() == 1
     page.screenshot(path=os.path.join(shots, "jaeger-search-has-nan.png"))
+
+
+def test_the_search_list_tells_the_requests_of_a_batch_apart_by_their_ids(world, page, shots):
+    """Five requests of one batch, one crash: each trace in the list is named
+    by its request's id, so the one a customer names is found without opening five."""
+    jaeger, ids = world
+    page.goto(f"{jaeger.query}/search")
+    page.locator(".ant-form-item", has_text="Service").locator(".ant-select").first.click()
+    page.locator('.ant-select-item-option[title="example-batched-crash"]').click()
+    page.click(".SearchForm--submit")
+    page.wait_for_selector(".ResultItem")
+    titles = sorted(re.sub(r"\s+", " ", title.inner_text()).strip()
+                    for title in page.locator(".ResultItem .ResultItemTitle--title .TraceName").all())
+    # The batch's own trace, and the five requests' traces, each by its id.
+    assert [re.sub(r"req-\d{4}", "req-N", title) for title in titles] == \
+        ["example-batched-crash: POST /generate req-N"] * 5 + ["example-batched-crash: decode_batch"], titles
+    assert len(set(titles)) == 6, titles
+    page.screenshot(path=os.path.join(shots, "jaeger-search-request-ids.png"))

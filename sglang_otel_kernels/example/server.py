@@ -5,8 +5,11 @@ tiny model whose operations are decorated kernels.
     curl -s localhost:8000/generate -d '{"tokens": [1, 2, 3]}' \\
          -H 'traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'
 
-OpenTelemetry's WSGI instrumentation opens a SERVER span per request,
-continuing the client's `traceparent`. The handler hands the request, with
+Each request gets a SERVER span, continuing the client's `traceparent`, with
+OpenTelemetry's WSGI attributes; its name carries the request id (`POST
+/generate req-0003`, the id the answer gives, or the client's own
+`X-Request-Id`), because Jaeger's search list shows a trace by its root
+span's name. The handler hands the request, with
 its trace context as a W3C carrier (what SGLang pickles from its tokenizer
 to its scheduler), to a scheduler thread, which gathers concurrent requests
 for a few milliseconds and runs them as one batch inside `forward_batch`: the
@@ -21,7 +24,7 @@ using this package; the service's defaults apply only where a variable is
 unset: level 3 and no text log. `--level` overrides the variable. A malformed
 body gets a 4xx answer at once: not JSON, no `tokens` list, a token that is not
 an int in [0, 2**31), an empty list or one longer than MAX_TOKENS, a body over
-MAX_BODY bytes.
+MAX_BODY bytes, an `X-Request-Id` that is not 1 to 64 of `A-Za-z0-9._:-`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import itertools
 import json
 import os
 import queue
+import re
 import signal
 import sys
 import threading
@@ -40,9 +44,12 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import torch
-from opentelemetry.instrumentation.wsgi import OpenTelemetryMiddleware
+from opentelemetry import trace
+from opentelemetry.instrumentation.wsgi import (add_response_attributes, collect_request_attributes,
+                                                get_default_span_name, wsgi_getter)
+from opentelemetry.propagate import extract
 
-from .. import configure, forward_batch, inject
+from .. import configure, forward_batch, inject, schema
 from .model import VOCAB, build_model
 
 MAX_BATCH = 8
@@ -52,6 +59,8 @@ MAX_TOKENS = 4096
 MAX_BODY = 1 << 20
 TOKEN_LIMIT = 1 << 31  # ids beyond the vocabulary but below this reach the kernel, which fails on them
 DEFAULT_LEVEL = 3
+_RID = "sglang_otel_kernels.rid"  # the request id in the WSGI environ
+_CLIENT_RID = re.compile(r"[A-Za-z0-9._:-]{1,64}")  # a client's own X-Request-Id: kept short and printable
 
 
 class Pending:
@@ -78,8 +87,11 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._thread.start()
 
-    def submit(self, tokens: list[int]) -> Pending:
-        pending = Pending(f"req-{next(self._ids):04d}", tokens, inject())
+    def request_id(self) -> str:
+        return f"req-{next(self._ids):04d}"
+
+    def submit(self, rid: str, tokens: list[int]) -> Pending:
+        pending = Pending(rid, tokens, inject())
         self.requests.put(pending)
         return pending
 
@@ -134,10 +146,42 @@ def _tokens(body: bytes) -> list[int]:
     return tokens
 
 
+def _generates(environ) -> bool:
+    return environ.get("PATH_INFO") == "/generate" and environ.get("REQUEST_METHOD") == "POST"
+
+
+def _traced(app, scheduler: Scheduler):
+    """`app` inside a SERVER span per request, named with the request id
+    from its start: a request in flight when the process dies is in the
+    trace file, and so in Jaeger's list, by that name."""
+    tracer = trace.get_tracer(__name__)
+
+    def traced(environ, start_response):
+        name = get_default_span_name(environ)
+        attributes = collect_request_attributes(environ)
+        if _generates(environ):
+            given = environ.get("HTTP_X_REQUEST_ID")
+            rid = scheduler.request_id() if given is None else given if _CLIENT_RID.fullmatch(given) else None
+            environ[_RID] = rid
+            if rid is not None:
+                name, attributes[schema.REQUEST_ID] = f"{name} {rid}", rid
+        with tracer.start_as_current_span(name, extract(environ, getter=wsgi_getter), trace.SpanKind.SERVER,
+                                          attributes) as span:
+            def answer(status, headers, exc_info=None):
+                add_response_attributes(span, status, headers)  # and ERROR for a 5xx answer
+                return start_response(status, headers, exc_info)
+
+            return app(environ, answer)
+
+    return traced
+
+
 def make_app(scheduler: Scheduler):
     def app(environ, start_response):
-        if environ.get("PATH_INFO") != "/generate" or environ.get("REQUEST_METHOD") != "POST":
+        if not _generates(environ):
             return _respond(start_response, "404 Not Found", {"error": "POST /generate"})
+        if environ[_RID] is None:
+            return _respond(start_response, "400 Bad Request", {"error": f"X-Request-Id must match {_CLIENT_RID.pattern}"})
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
         except ValueError:
@@ -150,14 +194,14 @@ def make_app(scheduler: Scheduler):
             return _respond(start_response, "400 Bad Request", {"error": str(exc)})
         if len(tokens) > MAX_TOKENS:
             return _respond(start_response, "413 Content Too Large", {"error": f"more than {MAX_TOKENS} tokens"})
-        pending = scheduler.submit(tokens)
+        pending = scheduler.submit(environ[_RID], tokens)
         if not pending.done.wait(REQUEST_TIMEOUT_S):
             return _respond(start_response, "504 Gateway Timeout", {"error": "the batch did not finish"})
         if pending.error is not None:
             return _respond(start_response, "500 Internal Server Error", {"id": pending.rid, "error": pending.error})
         return _respond(start_response, "200 OK", {"id": pending.rid, "next_tokens": pending.result})
 
-    return OpenTelemetryMiddleware(app)
+    return _traced(app, scheduler)
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
