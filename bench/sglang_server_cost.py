@@ -1,6 +1,6 @@
 """What recording costs on SGLang's real server (CPU): the wall time of one
-request's decode steps at level 0, in the black box, and at levels 1, 3 and
-5, as ratios to level 0 measured side by side.
+request's decode steps at level 0, in the black box (at levels 1 and 3), and
+at levels 1, 3 and 5, as ratios to level 0 measured side by side.
 
     python bench/sglang_server_cost.py [--starts 2] [--rounds 10] [--tokens 256] [--only SETTING] [--profile]
 
@@ -41,6 +41,7 @@ SETTINGS = {  # name -> (level, environment)
     "black box": (1, {"SGLANG_KERNEL_API_BLACKBOX": "1"}),
     "level 1": (1, {}),
     "level 3": (3, {}),
+    "black box 3": (3, {"SGLANG_KERNEL_API_BLACKBOX": "1"}),  # arguments' metadata kept, no statistics
     "level 5": (5, {}),
 }
 # A sitecustomize that `run`'s own start-up hook chains to: in every process

@@ -5,10 +5,14 @@
  * `Ring` is a trace file's ring as the writer (record/tracefile.py) sees it:
  * where the next record goes, its sequence number, and how far records may
  * be copied without the writer's lock. `Recorded` is a decorated function:
- * a call that needs no more than its span (no text log, no arguments, no
+ * a call that needs no more than its span (no text log, no statistics, no
  * hooks, no in-process export) writes its KERNEL_SPAN record before the
- * kernel and its COMPACT_END after, here, in the layout of
- * docs/trace-file-format.md; any other call goes to the Python wrapper.
+ * kernel and its COMPACT_END (or, with its result described, ATTRIBUTED_END)
+ * after, here, in the layout of docs/trace-file-format.md; any other call
+ * goes to the Python wrapper. From level 3 such a call's arguments are
+ * described here as the Python path describes them (record/attributes.py):
+ * tensors, numbers, strings and None in C, any other value by the Python
+ * path's own function, called for that value alone.
  *
  * Everything here runs holding the GIL and calls no Python code between
  * reading a ring's state and storing it back, so a record is copied whole
@@ -21,6 +25,7 @@
 #include <marshal.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -32,13 +37,18 @@
 #define RECORD_HEADER_SIZE 24
 #define ENCODING_COMPACT_END 1
 #define ENCODING_KERNEL_SPAN 5
+#define ENCODING_ATTRIBUTED_END 6
 #define KERNEL_SPAN_SIZE 63 /* <QQQQqQIBBQB */
 #define COMPACT_END_SIZE 17 /* <QqB */
 #define FLAG_SAMPLED 1
 #define FLAG_PARENT_SAMPLED 8
 #define FLAG_GRAPH_REPLAY 128
 #define MARSHAL_VERSION 4
-#define MAX_INLINE_EXTRA 4096 /* a replay's attributes copied here; larger ones go through Python */
+#define MAX_INLINE_EXTRA 4096 /* a replay's or a call's attributes copied here; larger ones go through Python */
+#define MAX_DESCRIBED_ARGS 64  /* a call with more arguments goes through Python */
+#define TEXT_LIMIT 200         /* a string attribute's characters (attributes.py: REPR_LIMIT) */
+#define MAX_CACHED_KEYS 4096   /* keyword argument names whose attribute keys are kept */
+#define MAX_CACHED_DEVICES 256
 
 /* -- CRC-32 (zlib's polynomial), slicing by 8 ----------------------------- */
 
@@ -197,6 +207,8 @@ static struct {
     PyObject *processors; /* spans._processors, with 2 */
     PyObject *seen;       /* its processors when found to be the trace file's alone */
     long bare_upto;       /* sites up to this level need their span alone (-1: none) */
+    long described_upto;  /* sites above bare_upto up to this level need their span and their
+                             arguments' metadata, described here (-1: none) */
     unsigned span_flags;  /* FLAG_BLACKBOX or 0 */
     int capturing;        /* CUDA graphs being captured */
     PyObject *per_thread; /* tracefile.per_thread */
@@ -214,11 +226,27 @@ static struct {
     PyObject *last_trace; /* its trace id as an int, or NULL: each call starts a trace */
     uint64_t trace_hi, trace_lo, parent_id;
     unsigned parent_flags;
-} core = {.bare_upto = -1};
+} core = {.bare_upto = -1, .described_upto = -1};
+
+/* What describing arguments reads (set_describer). */
+static struct {
+    PyObject *tensor_type, *parameter_type; /* the tensors described here: exactly these types */
+    PyObject *dtype_names;                  /* dtype -> its name, as describe/tensors.py writes it */
+    PyObject *strided;                      /* torch.strided: other layouts go to Python */
+    PyObject *prefix;                       /* "sglang.kernel." */
+    PyObject *add_described;                /* (attributes, path, value): the Python path, for one value */
+    PyObject *encode;                       /* tracefile.encode, where marshal refuses */
+    PyObject *arg_keys;                     /* list: positional index -> its keys (keys_of) */
+    PyObject *kw_keys;                      /* dict: keyword -> its keys */
+    PyObject *output_keys;
+    PyObject *devices;                      /* device -> its name */
+} describer;
 
 static PyObject *str_span_processors, *str_seen, *str_targets;
 static PyObject *str_state, *str_provider, *str_processors, *str_symbols, *str_write_record, *str_flag, *one;
 static PyObject *str_attributes, *str_numbers;
+static PyObject *str_shape, *str_dtype, *str_is_cpu, *str_device, *str_layout, *str_stride, *str_is_contiguous,
+    *str_requires_grad, *str_skip_self, *str_cpu, *str_none, *str_nan, *str_inf, *str_minus_inf;
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -292,9 +320,9 @@ static PyObject *set_writer(PyObject *module, PyObject *const *args, Py_ssize_t 
 
 static PyObject *set_runtime(PyObject *module, PyObject *args) {
     PyObject *spans;
-    long bare_upto;
+    long bare_upto, described_upto = -1;
     unsigned int flags;
-    if (!PyArg_ParseTuple(args, "OlI:set_runtime", &spans, &bare_upto, &flags))
+    if (!PyArg_ParseTuple(args, "OlI|l:set_runtime", &spans, &bare_upto, &flags, &described_upto))
         return NULL;
     Py_CLEAR(core.spans);
     if (spans != Py_None)
@@ -303,6 +331,7 @@ static PyObject *set_runtime(PyObject *module, PyObject *args) {
     Py_CLEAR(core.processors);
     Py_CLEAR(core.seen);
     core.bare_upto = spans == Py_None ? -1 : bare_upto;
+    core.described_upto = spans == Py_None ? -1 : described_upto;
     core.span_flags = flags;
     Py_RETURN_NONE;
 }
@@ -365,6 +394,285 @@ static PyObject *reset_seq(PyObject *module, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* -- Describing arguments (level 3) ------------------------------------------ */
+
+static PyObject *set_describer(PyObject *module, PyObject *args) {
+    PyObject *tensor_type, *parameter_type, *dtype_names, *strided, *prefix, *add_described, *encode;
+    if (!PyArg_ParseTuple(args, "O!O!O!OUOO:set_describer", &PyType_Type, &tensor_type, &PyType_Type, &parameter_type,
+                          &PyDict_Type, &dtype_names, &strided, &prefix, &add_described, &encode))
+        return NULL;
+    if (!PyCallable_Check(add_described) || !PyCallable_Check(encode)) {
+        PyErr_SetString(PyExc_TypeError, "set_describer: add_described and encode are callables");
+        return NULL;
+    }
+    PyObject *arg_keys = PyList_New(0), *kw_keys = PyDict_New(), *devices = PyDict_New();
+    if (arg_keys == NULL || kw_keys == NULL || devices == NULL) {
+        Py_XDECREF(arg_keys);
+        Py_XDECREF(kw_keys);
+        Py_XDECREF(devices);
+        return NULL;
+    }
+    Py_XSETREF(describer.tensor_type, Py_NewRef(tensor_type));
+    Py_XSETREF(describer.parameter_type, Py_NewRef(parameter_type));
+    Py_XSETREF(describer.dtype_names, Py_NewRef(dtype_names));
+    Py_XSETREF(describer.strided, Py_NewRef(strided));
+    Py_XSETREF(describer.prefix, Py_NewRef(prefix));
+    Py_XSETREF(describer.add_described, Py_NewRef(add_described));
+    Py_XSETREF(describer.encode, Py_NewRef(encode));
+    Py_XSETREF(describer.arg_keys, arg_keys);
+    Py_XSETREF(describer.kw_keys, kw_keys);
+    Py_XSETREF(describer.devices, devices);
+    Py_CLEAR(describer.output_keys);
+    Py_RETURN_NONE;
+}
+
+/* The attribute keys of a value at `path` (`input.arg0`, `output`): its own,
+ * then those of a tensor's fields in the order the Python path writes them;
+ * the path itself last, for the Python path's function. */
+static PyObject *keys_of(PyObject *path) {
+    static const char *fields[] = {"", ".shape", ".dtype", ".device", ".stride", ".contiguous", ".requires_grad"};
+    PyObject *keys = PyTuple_New(8);
+    if (keys == NULL)
+        return NULL;
+    for (int i = 0; i < 7; i++) {
+        PyObject *key = PyUnicode_FromFormat("%U%U%s", describer.prefix, path, fields[i]);
+        if (key == NULL) {
+            Py_DECREF(keys);
+            return NULL;
+        }
+        PyUnicode_InternInPlace(&key);
+        PyTuple_SET_ITEM(keys, i, key);
+    }
+    PyTuple_SET_ITEM(keys, 7, Py_NewRef(path));
+    return keys;
+}
+
+/* A borrowed reference to the keys of positional argument `index`. */
+static PyObject *arg_keys(Py_ssize_t index) {
+    while (PyList_GET_SIZE(describer.arg_keys) <= index) {
+        PyObject *path = PyUnicode_FromFormat("input.arg%zd", PyList_GET_SIZE(describer.arg_keys));
+        PyObject *keys = path != NULL ? keys_of(path) : NULL;
+        Py_XDECREF(path);
+        if (keys == NULL || PyList_Append(describer.arg_keys, keys) < 0) {
+            Py_XDECREF(keys);
+            return NULL;
+        }
+        Py_DECREF(keys);
+    }
+    return PyList_GET_ITEM(describer.arg_keys, index);
+}
+
+/* The keys of keyword argument `name`: a new reference. */
+static PyObject *kw_keys(PyObject *name) {
+    PyObject *keys = PyDict_GetItemWithError(describer.kw_keys, name);
+    if (keys != NULL)
+        return Py_NewRef(keys);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *path = PyUnicode_FromFormat("input.%U", name);
+    keys = path != NULL ? keys_of(path) : NULL;
+    Py_XDECREF(path);
+    /* Keyword names repeat from call to call; a bound all the same. */
+    if (keys != NULL && PyDict_GET_SIZE(describer.kw_keys) < MAX_CACHED_KEYS &&
+        PyDict_SetItem(describer.kw_keys, name, keys) < 0)
+        Py_CLEAR(keys);
+    return keys;
+}
+
+static int set_steal(PyObject *attributes, PyObject *key, PyObject *value) {
+    if (value == NULL)
+        return -1;
+    int done = PyDict_SetItem(attributes, key, value);
+    Py_DECREF(value);
+    return done;
+}
+
+/* A device's name, as describe/tensors.py gives it: "cpu", else str(device). */
+static PyObject *device_name(PyObject *tensor) {
+    PyObject *is_cpu = PyObject_GetAttr(tensor, str_is_cpu);
+    if (is_cpu == NULL)
+        return NULL;
+    Py_DECREF(is_cpu);
+    if (is_cpu == Py_True)
+        return Py_NewRef(str_cpu);
+    PyObject *device = PyObject_GetAttr(tensor, str_device);
+    if (device == NULL)
+        return NULL;
+    PyObject *name = PyDict_GetItemWithError(describer.devices, device);
+    if (name != NULL) {
+        Py_DECREF(device);
+        return Py_NewRef(name);
+    }
+    if (PyErr_Occurred() || (name = PyObject_Str(device)) == NULL) {
+        Py_DECREF(device);
+        return NULL;
+    }
+    if (PyDict_GET_SIZE(describer.devices) < MAX_CACHED_DEVICES && PyDict_SetItem(describer.devices, device, name) < 0)
+        Py_CLEAR(name);
+    Py_DECREF(device);
+    return name;
+}
+
+/* A plain tensor's fields into `attributes`: 1, or 0 (nothing written, no
+ * error set) for one the Python path describes (another layout, a dtype
+ * not known here, a field that cannot be read), -1 on an error to raise. */
+static int describe_tensor(PyObject *attributes, PyObject *keys, PyObject *tensor) {
+    PyObject *fields[6] = {NULL};
+    PyObject *layout = PyObject_GetAttr(tensor, str_layout);
+    int plain = layout == describer.strided;
+    Py_XDECREF(layout);
+    if (!plain)
+        goto other;
+    PyObject *shape = PyObject_GetAttr(tensor, str_shape);
+    if (shape == NULL)
+        goto other;
+    /* torch.Size is a tuple: its items copied into a plain one, which marshal takes. */
+    fields[0] = PyTuple_Check(shape) ? PyTuple_GetSlice(shape, 0, PyTuple_GET_SIZE(shape)) : PySequence_Tuple(shape);
+    Py_DECREF(shape);
+    PyObject *dtype = PyObject_GetAttr(tensor, str_dtype);
+    if (dtype == NULL)
+        goto other;
+    PyObject *dtype_name = PyDict_GetItemWithError(describer.dtype_names, dtype);
+    Py_DECREF(dtype);
+    fields[1] = dtype_name != NULL ? Py_NewRef(dtype_name) : NULL;
+    fields[2] = device_name(tensor);
+    fields[3] = PyObject_CallMethodNoArgs(tensor, str_stride);
+    if (fields[3] != NULL && !PyTuple_CheckExact(fields[3]))
+        Py_SETREF(fields[3], PySequence_Tuple(fields[3]));
+    PyObject *contiguous = PyObject_CallMethodNoArgs(tensor, str_is_contiguous);
+    fields[4] = contiguous != NULL ? PyBool_FromLong(PyObject_IsTrue(contiguous) == 1) : NULL;
+    Py_XDECREF(contiguous);
+    PyObject *requires_grad = PyObject_GetAttr(tensor, str_requires_grad);
+    fields[5] = requires_grad != NULL ? PyBool_FromLong(requires_grad == Py_True) : NULL;
+    Py_XDECREF(requires_grad);
+    for (int i = 0; i < 6; i++)
+        if (fields[i] == NULL)
+            goto other;
+    for (int i = 0; i < 6; i++) {
+        if (PyDict_SetItem(attributes, PyTuple_GET_ITEM(keys, i + 1), fields[i]) < 0) {
+            for (int j = 0; j < 6; j++)
+                Py_DECREF(fields[j]);
+            return -1;
+        }
+    }
+    for (int i = 0; i < 6; i++)
+        Py_DECREF(fields[i]);
+    return 1;
+other:
+    for (int i = 0; i < 6; i++)
+        Py_XDECREF(fields[i]);
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyErr_Clear();
+    }
+    return 0;
+}
+
+/* `value` at the path of `keys` into `attributes`, as record/attributes.py
+ * writes it (level 3: no statistics): 0, or -1 on an error to raise. */
+static int describe_value(PyObject *attributes, PyObject *keys, PyObject *value) {
+    PyObject *key = PyTuple_GET_ITEM(keys, 0);
+    PyTypeObject *type = Py_TYPE(value);
+    if ((PyObject *)type == describer.tensor_type || (PyObject *)type == describer.parameter_type) {
+        int done = describe_tensor(attributes, keys, value);
+        if (done != 0)
+            return done < 0 ? -1 : 0;
+    } else if (value == Py_None) {
+        return PyDict_SetItem(attributes, key, str_none);
+    } else if (type == &PyBool_Type) {
+        return PyDict_SetItem(attributes, key, value);
+    } else if (type == &PyLong_Type) {
+        int overflow;
+        PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (!overflow && !PyErr_Occurred())
+            return PyDict_SetItem(attributes, key, value); /* OTLP's int64 holds it */
+        PyErr_Clear();
+    } else if (type == &PyFloat_Type) {
+        double number = PyFloat_AS_DOUBLE(value);
+        if (isfinite(number))
+            return PyDict_SetItem(attributes, key, value);
+        return PyDict_SetItem(attributes, key, isnan(number) ? str_nan : number > 0 ? str_inf : str_minus_inf);
+    } else if (type == &PyUnicode_Type) {
+        PyObject *text = PyUnicode_GET_LENGTH(value) > TEXT_LIMIT ? PyUnicode_Substring(value, 0, TEXT_LIMIT)
+                                                                  : Py_NewRef(value);
+        if (text == NULL)
+            return -1;
+        if (PyUnicode_AsUTF8AndSize(text, NULL) != NULL) /* else a lone surrogate: the Python path mends it */
+            return set_steal(attributes, key, text);
+        Py_DECREF(text);
+        PyErr_Clear();
+    }
+    /* Any other value (containers, objects, enums, tensor subclasses), by the Python path's own function. */
+    PyObject *done = PyObject_CallFunctionObjArgs(describer.add_described, attributes, PyTuple_GET_ITEM(keys, 7), value,
+                                                  NULL);
+    Py_XDECREF(done);
+    return done != NULL ? 0 : -1;
+}
+
+/* A call's start attributes (the site's own, then its arguments'),
+ * marshalled: a new bytes object, or NULL with no error set where Python
+ * must record the call (too many arguments, too large), or with one to raise. */
+static PyObject *described_inputs(PyObject *site_attributes, int skip_self, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames) {
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    Py_ssize_t first = skip_self && nargs > 0 ? 1 : 0;
+    if (nargs - first + nkw > MAX_DESCRIBED_ARGS)
+        return NULL;
+    PyObject *attributes = site_attributes != NULL ? PyDict_Copy(site_attributes) : PyDict_New();
+    if (attributes == NULL)
+        return NULL;
+    for (Py_ssize_t i = first; i < nargs; i++) {
+        PyObject *keys = arg_keys(i - first);
+        if (keys == NULL || describe_value(attributes, keys, args[i]) < 0)
+            goto fail;
+    }
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *keys = kw_keys(PyTuple_GET_ITEM(kwnames, i));
+        int done = keys != NULL ? describe_value(attributes, keys, args[nargs + i]) : -1;
+        Py_XDECREF(keys);
+        if (done < 0)
+            goto fail;
+    }
+    PyObject *data = PyMarshal_WriteObjectToString(attributes, MARSHAL_VERSION);
+    if (data == NULL) { /* a value marshal refuses: the Python path writes it as its repr */
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            goto fail;
+        PyErr_Clear();
+    } else if (PyBytes_GET_SIZE(data) > MAX_INLINE_EXTRA) {
+        Py_CLEAR(data);
+    }
+    Py_DECREF(attributes);
+    return data;
+fail:
+    Py_DECREF(attributes);
+    return NULL;
+}
+
+/* The attributes a call's result adds at its end, marshalled: a new bytes
+ * object, or NULL with an error set. */
+static PyObject *described_output(PyObject *result) {
+    if (describer.output_keys == NULL) {
+        PyObject *path = PyUnicode_FromString("output");
+        describer.output_keys = path != NULL ? keys_of(path) : NULL;
+        Py_XDECREF(path);
+        if (describer.output_keys == NULL)
+            return NULL;
+    }
+    PyObject *attributes = PyDict_New();
+    if (attributes == NULL || describe_value(attributes, describer.output_keys, result) < 0) {
+        Py_XDECREF(attributes);
+        return NULL;
+    }
+    PyObject *data = PyMarshal_WriteObjectToString(attributes, MARSHAL_VERSION);
+    if (data == NULL && PyErr_ExceptionMatches(PyExc_ValueError)) {
+        PyErr_Clear();
+        data = PyObject_CallOneArg(describer.encode, attributes);
+    }
+    Py_DECREF(attributes);
+    return data;
+}
+
 /* -- Recorded ---------------------------------------------------------------- */
 
 typedef struct {
@@ -381,8 +689,10 @@ typedef struct {
      * its Graph, the thread-local whose `attributes` an integration sets, and
      * the list [pending replay, output check on]. */
     PyObject *graph_attribute, *replay_context, *replays;
-    /* The site's own attributes (the module a layer's call runs in), marshalled once, or NULL. */
-    PyObject *attributes;
+    /* The site's own attributes (the module a layer's call runs in), marshalled once, or NULL;
+     * and as a dict, which a call's described arguments join. */
+    PyObject *attributes, *attributes_dict;
+    int skip_self; /* its KernelSite's: a leading self or cls is not an argument */
     PyObject *dict;
     PyObject *weakrefs;
 } Recorded;
@@ -595,25 +905,48 @@ out:
 static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (compiling())
         return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
-    if (core.capturing || self->level > core.bare_upto || core.ring == NULL || core.ring->inline_end < 0 ||
-        !spans_ready())
+    int describe = self->level > core.bare_upto; /* its arguments too */
+    if (core.capturing ||
+        (describe && (self->level > core.described_upto || self->replays != NULL || describer.add_described == NULL)) ||
+        core.ring == NULL || core.ring->inline_end < 0 || !spans_ready())
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    /* First, as it may run Python code (the Python path's function for an
+     * object): nothing of the ring's or the thread's is read before. */
+    PyObject *described = NULL;
+    if (describe) {
+        described = described_inputs(self->attributes_dict, self->skip_self, args, PyVectorcall_NARGS(nargsf), kwnames);
+        if (described == NULL) {
+            if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
+                return NULL; /* KeyboardInterrupt and the like, as the Python path lets them through */
+            PyErr_Clear();
+            return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+        }
+        if (core.ring == NULL || core.ring->inline_end < 0) {
+            Py_DECREF(described);
+            return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+        }
+    }
     unsigned long symbol = site_symbol(self);
-    if (symbol == 0)
+    if (symbol == 0) {
+        Py_XDECREF(described);
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    }
     PyObject *state = PyObject_GetAttr(core.per_thread, str_state);
-    if (state == NULL)
+    if (state == NULL) {
+        Py_XDECREF(described);
         return NULL;
+    }
     if (!PyList_CheckExact(state) || PyList_GET_SIZE(state) != 4 || PyList_GET_ITEM(state, 0) != core.writer) {
         /* The thread's first call into this file: Python names the thread. */
         Py_DECREF(state);
+        Py_XDECREF(described);
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
     }
     PyObject *outer = Py_NewRef(PyList_GET_ITEM(state, 2));
     PyObject *writer = Py_NewRef(core.writer);
     Ring *ring = (Ring *)Py_NewRef((PyObject *)core.ring);
     PyObject *trace = NULL, *call = NULL, *result = NULL;
-    PyObject *extra = NULL; /* a replay's attributes, or the site's, marshalled */
+    PyObject *extra = described; /* the call's attributes, a replay's or the site's, marshalled */
     unsigned long long seq;
     unsigned kind_flags = 0;
     PyObject *then = NULL; /* what runs the kernel instead, once this core let go of its references */
@@ -649,7 +982,7 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         if (!replay_fields(self, args, nargsf, &extra, &seq))
             goto slow;
         kind_flags = FLAG_GRAPH_REPLAY;
-    } else if (self->attributes != NULL) {
+    } else if (extra == NULL && self->attributes != NULL) {
         extra = Py_NewRef(self->attributes);
     }
     flags |= core.span_flags | kind_flags;
@@ -731,18 +1064,33 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         Py_XDECREF(done);
         PyErr_Restore(type, value, traceback);
     } else {
-        unsigned char record[COMPACT_END_SIZE];
+        unsigned char compact[COMPACT_END_SIZE], *record = compact;
         long long end = now_ns();
         if (kind_flags) { /* the replay a device error met later is blamed on */
             PyObject *pending = PyLong_FromUnsignedLongLong(seq);
             if (pending == NULL || PyList_SetItem(self->replays, 0, pending) < 0)
                 PyErr_WriteUnraisable(self->slow);
         }
+        /* The result's metadata, read once the kernel returned, as the Python path reads it. */
+        PyObject *output = describe ? described_output(result) : NULL;
+        if (describe && output == NULL)
+            PyErr_WriteUnraisable(self->slow); /* the end is still written, without them */
+        size_t size = COMPACT_END_SIZE + (output != NULL ? (size_t)PyBytes_GET_SIZE(output) : 0);
+        if (output != NULL && (record = PyMem_Malloc(size)) == NULL) {
+            record = compact;
+            size = COMPACT_END_SIZE;
+        }
         put_u64(record, span_id);
         put_u64(record + 8, (uint64_t)end);
         record[16] = 0; /* status: unset */
-        if (write_record(writer, ring, ENCODING_COMPACT_END, record, COMPACT_END_SIZE) < 0)
+        if (size > COMPACT_END_SIZE)
+            memcpy(record + COMPACT_END_SIZE, PyBytes_AS_STRING(output), size - COMPACT_END_SIZE);
+        if (write_record(writer, ring, size > COMPACT_END_SIZE ? ENCODING_ATTRIBUTED_END : ENCODING_COMPACT_END,
+                         record, size) < 0)
             PyErr_WriteUnraisable(self->slow); /* never the kernel's result lost for its record */
+        if (record != compact)
+            PyMem_Free(record);
+        Py_XDECREF(output);
     }
     goto release;
 
@@ -797,8 +1145,22 @@ static int recorded_init(Recorded *self, PyObject *args, PyObject *kwds) {
     Py_CLEAR(self->replay_context);
     Py_CLEAR(self->replays);
     Py_CLEAR(self->attributes);
-    if (attributes != Py_None && PyBytes_GET_SIZE(attributes))
+    Py_CLEAR(self->attributes_dict);
+    if (attributes != Py_None && PyBytes_GET_SIZE(attributes)) {
         self->attributes = Py_NewRef(attributes);
+        self->attributes_dict = PyMarshal_ReadObjectFromString(PyBytes_AS_STRING(attributes),
+                                                               PyBytes_GET_SIZE(attributes));
+        if (self->attributes_dict == NULL || !PyDict_CheckExact(self->attributes_dict)) {
+            Py_CLEAR(self->attributes_dict);
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "Recorded: a site's attributes are a marshalled dict");
+            return -1;
+        }
+    }
+    PyObject *skip_self = PyObject_GetAttr(site, str_skip_self);
+    self->skip_self = skip_self != NULL && PyObject_IsTrue(skip_self) == 1;
+    Py_XDECREF(skip_self);
+    PyErr_Clear();
     if (replay != Py_None) {
         self->graph_attribute = Py_NewRef(PyTuple_GET_ITEM(replay, 0));
         self->replay_context = Py_NewRef(PyTuple_GET_ITEM(replay, 1));
@@ -833,6 +1195,7 @@ static int recorded_clear(Recorded *self) {
     Py_CLEAR(self->replay_context);
     Py_CLEAR(self->replays);
     Py_CLEAR(self->attributes);
+    Py_CLEAR(self->attributes_dict);
     Py_CLEAR(self->dict);
     return 0;
 }
@@ -1013,7 +1376,10 @@ static PyObject *counter_span(PyObject *module, PyObject *const *args, Py_ssize_
 
 static PyMethodDef module_methods[] = {
     {"set_writer", (PyCFunction)(void (*)(void))set_writer, METH_FASTCALL, "The file records go to (writer, Ring), or (None, None)."},
-    {"set_runtime", set_runtime, METH_VARARGS, "set_runtime(spans or None, bare_upto, span flags)"},
+    {"set_runtime", set_runtime, METH_VARARGS, "set_runtime(spans or None, bare_upto, span flags[, described_upto])"},
+    {"set_describer", set_describer, METH_VARARGS,
+     "set_describer(Tensor, Parameter, {dtype: name}, torch.strided, attribute prefix, "
+     "add_described(attributes, path, value), encode): what describing arguments reads."},
     {"set_capturing", set_capturing, METH_O, "How many CUDA graphs are being captured."},
     {"setup", setup, METH_VARARGS, "The Python objects the core reads (record/core.py)."},
     {"seed", seed, METH_O, "Seeds the span and trace ids (32 bytes)."},
@@ -1043,6 +1409,14 @@ PyMODINIT_FUNC PyInit__native(void) {
     str_numbers = PyUnicode_InternFromString("numbers");
     if (!str_attributes || !str_numbers)
         return NULL;
+    const char *names[] = {"shape", "dtype", "is_cpu", "device", "layout", "stride", "is_contiguous", "requires_grad",
+                           "skip_self", "cpu", "None", "nan", "inf", "-inf"};
+    PyObject **strings[] = {&str_shape, &str_dtype, &str_is_cpu, &str_device, &str_layout, &str_stride,
+                            &str_is_contiguous, &str_requires_grad, &str_skip_self, &str_cpu, &str_none, &str_nan,
+                            &str_inf, &str_minus_inf};
+    for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
+        if ((*strings[i] = PyUnicode_InternFromString(names[i])) == NULL)
+            return NULL;
     one = PyLong_FromLong(1);
     sixty_four = PyLong_FromLong(64);
     str_span_processors = PyUnicode_InternFromString("_span_processors");

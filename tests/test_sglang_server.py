@@ -283,6 +283,8 @@ def test_poisoned_layer_then_sigkill_mid_request(sglang_python, models, tmp_path
         first = text.stdout.split("First call that produced NaN/Inf from finite inputs:\n", 1)[1].splitlines()
         assert first[0].strip().startswith(LINEAR) and first[1].strip() == f"module {POISONED}", first
         assert any("NaN/Inf in the rows of nan-1" in line for line in first), first
+        # The layer by its sizes, read from its own attributes: never its repr, on every call.
+        assert "    arg0 = 'RowParallelLinear(input_size=128, output_size=64)'" in first, first
         nonfinite = json.loads(report("--json", path).stdout)["first_nonfinite_output"]
         assert nonfinite["module"] == POISONED and nonfinite["requests"]["request_ids"] == ["nan-1"]
 

@@ -92,7 +92,68 @@ def test_depth_item_limits_and_long_values(record):
     assert a[K + "input.arg1.0.0"] == "Tensor(...)"
     assert a[K + "input.arg2"] == "s" * 200
     assert a[K + "input.arg3"] == str(2**70)
-    assert a[K + "input.arg4"].startswith("<object object at ")
+    assert a[K + "input.arg4"] == "object"  # its type: a span never formats an object
+
+
+def test_objects_are_recorded_by_what_identifies_them_never_by_their_repr(record, tmp_path):
+    """SGLang's ForwardBatch and layers: their mode, size and sizes, read from
+    their own attributes; an object whose repr, attributes or properties are
+    dear or raise costs a span nothing; SGLang's text log keeps the repr."""
+    import dataclasses
+    import enum
+
+    class ForwardMode(enum.IntEnum):
+        DECODE = 2
+
+    class Color(enum.Enum):
+        RED = "r"
+
+    reprs = []  # how many times a ForwardBatch was formatted
+
+    @dataclasses.dataclass(repr=False)
+    class ForwardBatch:
+        forward_mode: ForwardMode
+        batch_size: int
+        input_ids: torch.Tensor
+
+        def __repr__(self):
+            reprs.append(1)
+            return "ForwardBatch(...)"
+
+    class Hostile:
+        prefix = "class attribute, not the instance's"
+
+        def __init__(self):
+            self.layer_id = 3
+            self.in_features = [1]  # not a number: left out
+
+        @property
+        def out_features(self):
+            raise AssertionError("a property ran")
+
+        def __getattr__(self, name):
+            raise AssertionError(f"__getattr__ ran for {name}")
+
+        def __repr__(self):
+            raise AssertionError("repr ran")
+
+    log = tmp_path / "kernels.log"
+    exporter = record(level=3)
+    kernel = sok.debug_kernel_api(op_name="k")(lambda *args: None)
+    batch = ForwardBatch(ForwardMode.DECODE, 4, torch.ones(4, dtype=torch.int64))
+    layer = torch.nn.Linear(8, 4)
+    for _ in range(2):
+        kernel(batch, layer, Hostile(), Color.RED, ForwardMode.DECODE)
+    assert reprs == []
+    a = exporter.get_finished_spans()[-1].attributes
+    assert a[K + "input.arg0"] == "ForwardBatch(forward_mode=DECODE, batch_size=4)"
+    assert a[K + "input.arg1"] == "Linear(in_features=8, out_features=4)"
+    assert a[K + "input.arg2"] == "Hostile(layer_id=3)"
+    assert a[K + "input.arg3"] == "Color.RED"
+    assert a[K + "input.arg4"] == "<ForwardMode.DECODE: 2>"  # an int: a scalar, as before
+    sok.configure(log_dest=str(log))
+    kernel(batch, layer)
+    assert len(reprs) == 1 and "  arg[0]=ForwardBatch(\n      repr=ForwardBatch(...)\n    )" in log.read_text()
 
 
 def test_span_is_started_before_the_kernel_with_inputs_set(record, tmp_path):

@@ -24,6 +24,7 @@ from .. import config as _config
 from .._version import __version__
 from ..describe.statistics import fill_statistics, is_device_error, nonfinite_rows
 from ..notices import warn_failed_once
+from ..describe.tensors import dtype_names
 from ..describe.values import describe, tensors_in
 from .. import schema
 from ..record import attributes as _attrs
@@ -57,19 +58,28 @@ class _Runtime:
             # A provider the application installs from now on gets the trace file at once: its
             # request spans begun before the first kernel call are in the file from their start.
             watch_global_provider()
-        self.span_arguments = cfg.spans and not cfg.blackbox
+        # From level 3 a span carries its arguments' metadata, the black box's
+        # too; level-5 statistics only outside the black box, which never
+        # synchronises a device for its spans.
+        self.span_arguments = self.spans is not None
+        self.span_statistics = not cfg.blackbox
         # Arguments are described (and, at level 5, their statistics computed)
         # only for a reader: the text log, or a span's attributes.
         self.describes_arguments = self.text.enabled or self.span_arguments
         # Calls of sites up to this level need their span alone: nothing to
-        # describe, log or dump (-1: none; level 10 always dumps).
-        self.bare_upto = -1 if self.text.enabled or self.spans is None else 9 if not self.span_arguments else 2
+        # describe, log or dump (-1: none).
+        self.bare_upto = -1 if self.text.enabled or self.spans is None else 2
         follow_trace_file(cfg)
         # Level-10 counters and limits hold for the process while the dump settings stay.
         dumps = Dumps(cfg)
         self.dumps = previous.dumps if previous is not None and previous.dumps.settings == dumps.settings else dumps
-        if core.native is not None:  # the calls the compiled core records: those of the bare path
-            core.native.set_runtime(self.spans, self.bare_upto, self.spans.flags if self.spans is not None else 0)
+        # Calls of sites above bare_upto up to this level need their span and
+        # their arguments' metadata alone (no statistics, no dump): the
+        # compiled core describes them.
+        self.described_upto = -1 if self.bare_upto < 0 else 9 if cfg.blackbox else 4
+        if core.native is not None:  # the calls the compiled core records: those of the bare path, and these
+            core.native.set_runtime(self.spans, self.bare_upto, self.spans.flags if self.spans is not None else 0,
+                                    self.described_upto)
 
 
 _runtime = _Runtime(_config.get_config())
@@ -194,19 +204,21 @@ class KernelSite:
         spans = runtime.spans
         span = attrs = None
         nonfinite: list = []
+        span_stats = self.with_stats and runtime.span_statistics
+        stats = span_stats or (self.with_stats and runtime.text.enabled)
         if spans is not None:
             if extra:  # a collective's group and number, first: a long argument list never pushes them out
                 attrs = dict(extra)
             if entries and runtime.span_arguments:
                 attrs = attrs or {}
-                if self.with_stats:
+                if span_stats:
                     # Placed first so that a long argument list never pushes them out.
                     attrs[schema.HAS_NAN] = attrs[schema.HAS_INF] = False
                     attrs[schema.NONFINITE] = ()
                 for _, path, node in entries:
                     _attrs.add_value(attrs, path, node, False, nonfinite)
             span = spans.start(self.name, self.level, seq, attrs, kind_flags)
-        if self.with_stats and entries:
+        if stats and entries:
             if _statistics(tensors_in([node for _, _, node in entries])) is not None:
                 _saw_device_fault(f"before {self.name} (call {seq}) ran, so from earlier work")
         if runtime.text.enabled:
@@ -235,7 +247,7 @@ class KernelSite:
             added[schema.DUMP_DIR] = dump
         elif skipped is not None:
             added[schema.DUMP_SKIPPED] = skipped
-        if self.with_stats and attrs is not None:
+        if span_stats and attrs is not None:
             for _, path, node in entries:
                 _attrs.add_value(added, path, node, True, nonfinite, meta=False)
             if nonfinite:
@@ -279,7 +291,7 @@ class KernelSite:
             dumped = dump is not None and runtime.dumps.save_outputs(dump, result, self._span_ids(call))
             if self.with_args and runtime.describes_arguments:
                 node = describe(result)
-                if self.with_stats:
+                if self.with_stats and (runtime.span_statistics or runtime.text.enabled):
                     fault = _statistics(tensors_in([node]))
                 if runtime.text.enabled:
                     lines = [f"Dumped outputs to: {dump}"] if dumped else []
@@ -316,7 +328,7 @@ class KernelSite:
         _, inputs, inputs_nonfinite, _ = call
         outputs_nonfinite: list = []
         attrs: dict = {}
-        _attrs.add_value(attrs, "output", node, self.with_stats, outputs_nonfinite)
+        _attrs.add_value(attrs, "output", node, self.with_stats and _runtime.span_statistics, outputs_nonfinite)
         events: tuple = ()
         if outputs_nonfinite:
             present = dict(inputs or {}, **attrs)
@@ -559,8 +571,16 @@ def _native_failed(site: KernelSite, call: tuple, exc: BaseException) -> None:
     site.fail((call, None, None, None), exc)
 
 
+def _add_described(attrs: dict, path: str, value: Any) -> None:
+    """A value the compiled core leaves to the Python path (a container, an
+    object, a tensor subclass, another layout), described as this path does."""
+    _attrs.add_value(attrs, path, describe(value), False, [])
+
+
 if core.native is not None:
     core.native.setup(tracefile.per_thread, *core.context_var(), parent_of, _native_failed, *compiler_flags())
+    core.native.set_describer(torch.Tensor, torch.nn.Parameter, dtype_names(), torch.strided, schema.PREFIX,
+                              _add_described, tracefile.encode)
 
 
 def wrap_hooked(func: F, name: str, before: Before, after: After | None = None, *,

@@ -14,6 +14,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def dtype_names() -> dict:
+    """Every dtype torch has, by its name as a span records it (what the
+    compiled core looks dtypes up in; one it lacks goes through Python)."""
+    for value in vars(torch).values():
+        if isinstance(value, torch.dtype):
+            _dtype_name(value)
+    return _dtype_names
+
+
 class TensorInfo:
     """What is known of one tensor argument; statistics are filled in later, at
     level 5, by `describe.statistics.fill_statistics`."""

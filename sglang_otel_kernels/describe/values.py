@@ -3,12 +3,13 @@
 One walk serves both the SGLang text log and the span attributes, with
 SGLang's limits: two container levels deep, the first 4 items of a list or
 tuple, the first 8 of a dict. Describing never raises, never consumes an
-iterator and never calls anything on the value but `repr`, `len`, slicing and
-attribute reads, each guarded.
+iterator and never calls anything on the value but `repr` (for the text log
+alone), `len`, slicing and attribute reads, each guarded.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 from typing import Any, Union
 
@@ -66,14 +67,30 @@ class Elided:
 
 
 class Opaque:
-    """Any other object: the shape/dtype/device it has, else a cut repr."""
+    """Any other object: the shape/dtype/device it has (SGLang's fields);
+    else, read only by the reader that wants it, its repr cut short (SGLang's
+    text log) or its `identity` (a span): a ForwardBatch's or a layer's repr
+    formats all it holds, too dear for every call."""
 
-    __slots__ = ("type_name", "fields", "repr")
+    __slots__ = ("type_name", "fields", "_value", "_repr")
 
-    def __init__(self, type_name: str, fields: list, repr_text: str | None) -> None:
+    def __init__(self, type_name: str, fields: list, value: Any) -> None:
         self.type_name = type_name
         self.fields = fields
-        self.repr = repr_text
+        self._value = value
+        self._repr: str | None = None
+
+    @property
+    def repr(self) -> str | None:
+        if self.fields:
+            return None
+        if self._repr is None:
+            self._repr = _object_repr(self._value)
+        return self._repr
+
+    @property
+    def identity(self) -> str:
+        return identity(self._value)
 
 
 Node = Union[TensorInfo, Scalar, Sequence, Mapping, Elided, Opaque]
@@ -111,11 +128,54 @@ def _object_repr(value: Any) -> str:
     return safe_repr(value, REPR_LIMIT)
 
 
+# The plain instance attributes that identify an object that is neither a
+# tensor nor a container, in a span: SGLang's ForwardBatch by its mode and
+# size, a layer by its number and sizes. Each must be a number, a bool, a
+# string or an enum member to count.
+IDENTITY_FIELDS = ("forward_mode", "batch_size", "layer_id", "prefix", "input_size", "output_size",
+                   "in_features", "out_features", "num_embeddings", "embedding_dim", "num_heads", "head_dim")
+IDENTITY_TEXT_LIMIT = 64
+_IDENTITY_TYPES_LIMIT = 1024
+_identity_names: dict = {}  # type -> the IDENTITY_FIELDS its first instance had
+
+
+def _field_text(value: Any) -> str | None:
+    if isinstance(value, enum.Enum):
+        return value.name if isinstance(value.name, str) else None
+    if isinstance(value, (bool, int, float)):
+        return repr(value) if type(value) in (bool, int, float) else None
+    if type(value) is str:
+        return utf8(value[:IDENTITY_TEXT_LIMIT])
+    return None
+
+
+def identity(value: Any) -> str:
+    """`TypeName(field=..., ...)` from IDENTITY_FIELDS read out of the
+    instance's own `__dict__` (no property, no `__getattr__`, no repr runs),
+    or `Type.MEMBER` for an enum member: bounded whatever the object."""
+    kind = type(value)
+    try:
+        if isinstance(value, enum.Enum):
+            return f"{kind.__name__}.{_field_text(value)}"
+        own = object.__getattribute__(value, "__dict__")
+        if type(own) is not dict:
+            return kind.__name__
+        names = _identity_names.get(kind)
+        if names is None:
+            names = tuple(name for name in IDENTITY_FIELDS if _field_text(own.get(name)) is not None)
+            if len(_identity_names) < _IDENTITY_TYPES_LIMIT:
+                _identity_names[kind] = names
+        parts = [f"{name}={text}" for name in names if (text := _field_text(own.get(name))) is not None]
+    except Exception:  # no __dict__, or an attribute read that raised
+        return kind.__name__
+    return f"{kind.__name__}({', '.join(parts)})" if parts else kind.__name__
+
+
 def describe(value: Any, depth: int = 0) -> Node:
     try:
         return _describe(value, depth)
     except Exception:
-        return Opaque(type(value).__name__, [], _object_repr(value))
+        return Opaque(type(value).__name__, [], value)
 
 
 def _describe(value: Any, depth: int) -> Node:
@@ -153,8 +213,7 @@ def _describe_object(value: Any) -> Opaque:
         except Exception:
             # Absent, or its access or str() raised: SGLang leaves it out too.
             continue
-    repr_text = None if fields else _object_repr(value)
-    return Opaque(type(value).__name__, fields, repr_text)
+    return Opaque(type(value).__name__, fields, value)
 
 
 def tensors_in(nodes: list) -> list[TensorInfo]:

@@ -133,8 +133,8 @@ def add_value(attrs: dict, path: str, node, with_stats: bool, nonfinite: list, m
         if node.fields:
             inner = ", ".join(f"{name}={text}" for name, text in node.fields)
             attrs[key] = _text(f"{node.type_name}({inner})")
-        else:
-            attrs[key] = _text(node.repr or node.type_name)
+        else:  # what identifies it, never its repr: bounded on every call
+            attrs[key] = _text(node.identity)
 
 
 def fit(attrs: dict, room: int) -> tuple[dict, int]:

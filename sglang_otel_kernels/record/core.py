@@ -2,10 +2,13 @@
 `_native.c` by `pip install`) or this package's pure-Python path.
 
 The compiled core records a call that needs no more than its span (the
-black box; level 1 with no text log and no in-process export) in C: its
+black box; levels 1 to 4 with no text log and no in-process export) in C: its
 wrapper, clock reads, numbering, nesting and the two records with their CRC,
-into the same ring in the same layout. Every other call, and every record
-the writer makes itself, goes through Python as before. Where the extension
+into the same ring in the same layout; from level 3 also its arguments' and
+result's metadata (tensors, numbers, strings and None in C; any other value
+by the Python path's own function, for that value alone). Every other call
+(statistics, dumps, the text log, a kernel's or a thread's first call), and
+every record the writer makes itself, goes through Python as before. Where the extension
 is missing, fails to load, or the interpreter runs without the GIL (the core
 relies on it to copy a record whole), the Python path runs, with one notice;
 `SGLANG_KERNEL_API_NATIVE=0` asks for it.
