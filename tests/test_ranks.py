@@ -544,8 +544,8 @@ def test_report_from_jaeger_alone_names_the_rank_and_its_kernel_after_the_files_
         text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--jaeger", jaeger.query,
                                "--service", "ranks-jaeger"], capture_output=True, text=True, timeout=120).stdout
         assert "layer.stuck  (rank 2, pid " in text
-        # Garbage, or no Jaeger there: one line and exit 2.
-        for url in (f"http://127.0.0.1:{port()}", f"{jaeger.query}/api/services#"):
+        # No Jaeger there, a page under Jaeger's address that is not its API, not an http URL: one line and exit 2.
+        for url in (f"http://127.0.0.1:{port()}", f"{jaeger.query}/not-jaeger", "ftp://127.0.0.1/"):
             bad = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--jaeger", url, "--service",
                                   "ranks-jaeger"], capture_output=True, text=True, timeout=120)
             assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
