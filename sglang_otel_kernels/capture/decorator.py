@@ -63,6 +63,8 @@ class _Runtime:
         # synchronises a device for its spans.
         self.span_arguments = self.spans is not None
         self.span_statistics = not cfg.blackbox
+        # Level-5 statistics are computed for a reader that shows them: a span outside the black box, or the text log.
+        self.statistics = self.span_statistics or self.text.enabled
         # Arguments are described (and, at level 5, their statistics computed)
         # only for a reader: the text log, or a span's attributes.
         self.describes_arguments = self.text.enabled or self.span_arguments
@@ -205,7 +207,7 @@ class KernelSite:
         span = attrs = None
         nonfinite: list = []
         span_stats = self.with_stats and runtime.span_statistics
-        stats = span_stats or (self.with_stats and runtime.text.enabled)
+        stats = self.with_stats and runtime.statistics
         if spans is not None:
             if extra:  # a collective's group and number, first: a long argument list never pushes them out
                 attrs = dict(extra)
@@ -291,7 +293,7 @@ class KernelSite:
             dumped = dump is not None and runtime.dumps.save_outputs(dump, result, self._span_ids(call))
             if self.with_args and runtime.describes_arguments:
                 node = describe(result)
-                if self.with_stats and (runtime.span_statistics or runtime.text.enabled):
+                if self.with_stats and runtime.statistics:
                     fault = _statistics(tensors_in([node]))
                 if runtime.text.enabled:
                     lines = [f"Dumped outputs to: {dump}"] if dumped else []
