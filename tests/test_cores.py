@@ -222,7 +222,9 @@ def test_the_crash_and_trust_suites_pass_with_the_other_core():
         env.pop(CORE_VARIABLE)
     else:
         env[CORE_VARIABLE] = "0"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *OTHER_CORE_SUITES],
+    # Two files at a time (pytest-xdist, of the test extra): these suites wait on their children more than on the cores.
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile",
+                          *OTHER_CORE_SUITES],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert re.search(r"\d+ passed", run.stdout) and " skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]

@@ -48,7 +48,7 @@ SUBSTITUTIONS = [
     ("127.0.0.1:14317", "$JAEGER_OTLP_GRPC", "Jaeger on free ports (its config reads them from the environment)"),
     ("127.0.0.1:16686", "$JAEGER_QUERY_HTTP", "the same"),
 ]
-NOT_RUN = {"bash .ci/install --tests && .venv/bin/python -m pytest -q tests && bash .ci/compat":
+NOT_RUN = {"bash .ci/install --tests && .venv/bin/python -m pytest -q -n 4 --dist loadfile tests && bash .ci/compat":
            "it is this run (tests/test_cli.py pins that .ci/run runs exactly it)"}
 # Commands that exit non-zero by design: `run` passes on the stand-in's SIGABRT, `report` says it found a crash.
 EXITS = {"sglang-otel-kernels run --": 128 + signal.SIGABRT, "sglang-otel-kernels report ": 1}
