@@ -49,10 +49,16 @@
 #define TEXT_LIMIT 200         /* a string attribute's characters (attributes.py: REPR_LIMIT) */
 #define MAX_CACHED_KEYS 4096   /* keyword argument names whose attribute keys are kept */
 #define MAX_CACHED_DEVICES 256
+#define MAX_DIMS 64 /* a tensor of more dimensions is described by the Python path */
+#define MAX_DESCRIBED_OUTPUT (1 << 20) /* a result's metadata written here; larger, as the Python path encodes it */
 
 /* -- CRC-32 (zlib's polynomial), slicing by 8 ----------------------------- */
 
 static uint32_t crc_table[8][256];
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CRC_FOLDS 1
+static int crc_clmul; /* the CPU multiplies without carries (crc_folded) */
+#endif
 
 static void crc_init(void) {
     for (uint32_t n = 0; n < 256; n++) {
@@ -64,10 +70,60 @@ static void crc_init(void) {
     for (uint32_t n = 0; n < 256; n++)
         for (int t = 1; t < 8; t++)
             crc_table[t][n] = crc_table[0][crc_table[t - 1][n] & 0xFF] ^ (crc_table[t - 1][n] >> 8);
+#ifdef CRC_FOLDS
+    __builtin_cpu_init();
+    crc_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+#endif
 }
+
+/* Where the CPU multiplies without carries (x86-64's PCLMULQDQ), the bulk of
+ * a record is folded 64 bytes a step with the constants of zlib's polynomial
+ * (x^k mod P for the fold distances, and Barrett's reduction at the end), as
+ * in Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ";
+ * a level-3 record (several hundred bytes) then costs tens of nanoseconds,
+ * not a third of the call. The register is zlib's, uninverted, in and out. */
+#ifdef CRC_FOLDS
+#include <immintrin.h>
+
+__attribute__((target("pclmul,sse4.1"))) static inline __m128i crc_fold16(__m128i x, __m128i k, __m128i data) {
+    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), data);
+}
+
+/* n: at least 64, a multiple of 16. */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_folded(uint32_t c, const unsigned char *p, size_t n) {
+    const __m128i by64 = _mm_set_epi64x(0x1c6e41596, 0x154442bd4), by16 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);
+    const __m128i by4 = _mm_set_epi64x(0, 0x163cd6124), barrett = _mm_set_epi64x(0x1f7011641, 0x1db710641);
+    const __m128i low32 = _mm_set_epi32(0, 0, 0, -1);
+    __m128i x1 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)c));
+    __m128i x2 = _mm_loadu_si128((const __m128i *)(p + 16)), x3 = _mm_loadu_si128((const __m128i *)(p + 32)),
+            x4 = _mm_loadu_si128((const __m128i *)(p + 48));
+    for (p += 64, n -= 64; n >= 64; p += 64, n -= 64) {
+        x1 = crc_fold16(x1, by64, _mm_loadu_si128((const __m128i *)p));
+        x2 = crc_fold16(x2, by64, _mm_loadu_si128((const __m128i *)(p + 16)));
+        x3 = crc_fold16(x3, by64, _mm_loadu_si128((const __m128i *)(p + 32)));
+        x4 = crc_fold16(x4, by64, _mm_loadu_si128((const __m128i *)(p + 48)));
+    }
+    x1 = crc_fold16(crc_fold16(crc_fold16(x1, by16, x2), by16, x3), by16, x4);
+    for (; n >= 16; p += 16, n -= 16)
+        x1 = crc_fold16(x1, by16, _mm_loadu_si128((const __m128i *)p));
+    /* 128 bits to 64, to 32, then Barrett's reduction to the remainder */
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), _mm_clmulepi64_si128(x1, by16, 0x10));
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 4), _mm_clmulepi64_si128(_mm_and_si128(x1, low32), by4, 0x00));
+    __m128i t = _mm_clmulepi64_si128(_mm_and_si128(x1, low32), barrett, 0x10);
+    t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), barrett, 0x00);
+    return (uint32_t)_mm_extract_epi32(_mm_xor_si128(x1, t), 1);
+}
+#endif
 
 static uint32_t crc32_of(const unsigned char *p, size_t n) {
     uint32_t c = 0xFFFFFFFFu;
+#ifdef CRC_FOLDS
+    if (crc_clmul && n >= 64) {
+        c = crc_folded(c, p, n & ~(size_t)15);
+        p += n & ~(size_t)15;
+        n &= 15;
+    }
+#endif
     while (n >= 8) {
         uint32_t one, two;
         memcpy(&one, p, 4);
@@ -245,7 +301,7 @@ static struct {
 static PyObject *str_span_processors, *str_seen, *str_targets;
 static PyObject *str_state, *str_provider, *str_processors, *str_symbols, *str_write_record, *str_flag, *one;
 static PyObject *str_attributes, *str_numbers;
-static PyObject *str_shape, *str_dtype, *str_is_cpu, *str_device, *str_layout, *str_stride, *str_is_contiguous,
+static PyObject *str_shape, *str_dtype, *str_is_cpu, *str_device, *str_layout, *str_stride,
     *str_requires_grad, *str_skip_self, *str_cpu, *str_none, *str_nan, *str_inf, *str_minus_inf;
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -426,9 +482,136 @@ static PyObject *set_describer(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* The attribute keys of a value at `path` (`input.arg0`, `output`): its own,
- * then those of a tensor's fields in the order the Python path writes them;
- * the path itself last, for the Python path's function. */
+/* A call's described attributes are written straight in marshal's format (a
+ * dict: '{', key and value pairs, '0'), which the reader loads as it loads
+ * the Python path's marshal.dumps: no dict, tuple or bytes built per value.
+ * Keys are encoded once; values are the few kinds below; anything else is
+ * described by the Python path's function into a scratch dict, whose
+ * marshal data (version 2: no back-references, so it can be spliced) is
+ * copied in without its braces. */
+
+typedef struct {
+    unsigned char *data; /* `local`, or a PyMem block once grown */
+    size_t size, capacity, limit;
+    unsigned char local[2048]; /* a level-3 call's record, as a rule */
+} Out;
+
+static void out_init(Out *out, size_t limit) {
+    out->data = out->local;
+    out->size = 0;
+    out->capacity = sizeof(out->local);
+    out->limit = limit;
+}
+
+static void out_free(Out *out) {
+    if (out->data != out->local)
+        PyMem_Free(out->data);
+}
+
+/* Room for `n` more bytes: 0, or -1 past the limit (no error set) or on a MemoryError. */
+static int out_room(Out *out, size_t n) {
+    if (out->capacity - out->size >= n)
+        return 0;
+    if (out->size + n > out->limit)
+        return -1;
+    size_t capacity = out->capacity * 2 > out->size + n ? out->capacity * 2 : out->size + n;
+    unsigned char *data = out->data == out->local ? PyMem_Malloc(capacity) : PyMem_Realloc(out->data, capacity);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (out->data == out->local)
+        memcpy(data, out->local, out->size);
+    out->data = data;
+    out->capacity = capacity;
+    return 0;
+}
+
+static int out_put(Out *out, const void *bytes, size_t n) {
+    if (out_room(out, n) < 0)
+        return -1;
+    memcpy(out->data + out->size, bytes, n);
+    out->size += n;
+    return 0;
+}
+
+static int out_type(Out *out, char type, uint32_t length) { /* a marshal type code and its 4-byte length */
+    unsigned char head[5] = {(unsigned char)type};
+    memcpy(head + 1, &length, 4);
+    return out_put(out, head, 5);
+}
+
+static int out_int(Out *out, long long value) {
+    if (value >= INT32_MIN && value <= INT32_MAX)
+        return out_type(out, 'i', (uint32_t)(int32_t)value);
+    /* marshal's long: a signed count of 15-bit digits, least significant first */
+    unsigned long long magnitude = value < 0 ? 0ULL - (unsigned long long)value : (unsigned long long)value;
+    uint16_t digits[5];
+    int count = 0;
+    for (; magnitude; magnitude >>= 15)
+        digits[count++] = (uint16_t)(magnitude & 0x7fff);
+    if (out_type(out, 'l', (uint32_t)(int32_t)(value < 0 ? -count : count)) < 0)
+        return -1;
+    return out_put(out, digits, 2 * (size_t)count);
+}
+
+static int out_float(Out *out, double value) {
+    unsigned char item[9] = {'g'};
+    memcpy(item + 1, &value, 8);
+    return out_put(out, item, 9);
+}
+
+/* A str whose UTF-8 can be had (else -1, with the error set). */
+static int out_text(Out *out, PyObject *text, int interned) {
+    Py_ssize_t n;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &n);
+    if (utf8 == NULL)
+        return -1;
+    if (PyUnicode_IS_ASCII(text) && n < 256) {
+        unsigned char head[2] = {interned ? 'Z' : 'z', (unsigned char)n};
+        if (out_put(out, head, 2) < 0)
+            return -1;
+    } else if (out_type(out, PyUnicode_IS_ASCII(text) ? 'a' : 'u', (uint32_t)n) < 0) {
+        return -1;
+    }
+    return out_put(out, utf8, (size_t)n);
+}
+
+/* A shape's or a stride's items into `values`: how many, or -1 where one
+ * is not an int of 64 bits or there are more than MAX_DIMS (no error set). */
+static Py_ssize_t read_ints(PyObject *tuple, long long *values) {
+    Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+    if (n > MAX_DIMS)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(tuple, i);
+        values[i] = PyLong_Check(item) ? PyLong_AsLongLong(item) : -1;
+        if (!PyLong_Check(item) || (values[i] == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    return n;
+}
+
+/* A tuple of `n` ints: 0, or -1 past the limit. */
+static int out_ints(Out *out, const long long *values, Py_ssize_t n) {
+    if (n < 256) {
+        unsigned char head[2] = {')', (unsigned char)n};
+        if (out_put(out, head, 2) < 0)
+            return -1;
+    } else if (out_type(out, '(', (uint32_t)n) < 0) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (out_int(out, values[i]) < 0)
+            return -1;
+    return 0;
+}
+
+/* The attribute keys of a value at `path` (`input.arg0`, `output`): its own
+ * and those of a tensor's fields, in the order the Python path writes them,
+ * each as marshal data (bytes); the path itself last, for the Python path's function. */
 static PyObject *keys_of(PyObject *path) {
     static const char *fields[] = {"", ".shape", ".dtype", ".device", ".stride", ".contiguous", ".requires_grad"};
     PyObject *keys = PyTuple_New(8);
@@ -436,12 +619,19 @@ static PyObject *keys_of(PyObject *path) {
         return NULL;
     for (int i = 0; i < 7; i++) {
         PyObject *key = PyUnicode_FromFormat("%U%U%s", describer.prefix, path, fields[i]);
-        if (key == NULL) {
+        Out out;
+        out_init(&out, MAX_INLINE_EXTRA);
+        int done = key != NULL ? out_text(&out, key, 1) : -1;
+        Py_XDECREF(key);
+        PyObject *data = done == 0 ? PyBytes_FromStringAndSize((const char *)out.data, (Py_ssize_t)out.size) : NULL;
+        out_free(&out);
+        if (data == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "an attribute key too long");
             Py_DECREF(keys);
             return NULL;
         }
-        PyUnicode_InternInPlace(&key);
-        PyTuple_SET_ITEM(keys, i, key);
+        PyTuple_SET_ITEM(keys, i, data);
     }
     PyTuple_SET_ITEM(keys, 7, Py_NewRef(path));
     return keys;
@@ -479,12 +669,9 @@ static PyObject *kw_keys(PyObject *name) {
     return keys;
 }
 
-static int set_steal(PyObject *attributes, PyObject *key, PyObject *value) {
-    if (value == NULL)
-        return -1;
-    int done = PyDict_SetItem(attributes, key, value);
-    Py_DECREF(value);
-    return done;
+static int out_key(Out *out, PyObject *keys, int field) {
+    PyObject *key = PyTuple_GET_ITEM(keys, field);
+    return out_put(out, PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key));
 }
 
 /* A device's name, as describe/tensors.py gives it: "cpu", else str(device). */
@@ -513,164 +700,190 @@ static PyObject *device_name(PyObject *tensor) {
     return name;
 }
 
-/* A plain tensor's fields into `attributes`: 1, or 0 (nothing written, no
- * error set) for one the Python path describes (another layout, a dtype
- * not known here, a field that cannot be read), -1 on an error to raise. */
-static int describe_tensor(PyObject *attributes, PyObject *keys, PyObject *tensor) {
-    PyObject *fields[6] = {NULL};
+/* Whether a strided tensor of this shape and stride is contiguous, as
+ * TensorImpl computes it for is_contiguous(): dims of size 1 are skipped,
+ * an empty tensor is contiguous. */
+static int contiguous(const long long *shape, const long long *stride, Py_ssize_t n) {
+    unsigned long long expected = 1;
+    int answer = 1;
+    for (Py_ssize_t d = n - 1; d >= 0; d--) {
+        if (shape[d] == 0)
+            return 1;
+        if (shape[d] != 1 && answer) {
+            if ((unsigned long long)stride[d] == expected)
+                expected *= (unsigned long long)shape[d];
+            else
+                answer = 0;
+        }
+    }
+    return answer;
+}
+
+/* A plain tensor's fields: 1 when written, 0 (nothing written, no error
+ * set) for one the Python path describes (another layout, a dtype not
+ * known here, a field that cannot be read), -1 past the limit or on an error to raise. */
+static int out_tensor(Out *out, PyObject *keys, PyObject *tensor) {
+    long long shape[MAX_DIMS], stride[MAX_DIMS];
+    Py_ssize_t dims = -1, strides = -1;
     PyObject *layout = PyObject_GetAttr(tensor, str_layout);
     int plain = layout == describer.strided;
     Py_XDECREF(layout);
-    if (!plain)
-        goto other;
-    PyObject *shape = PyObject_GetAttr(tensor, str_shape);
-    if (shape == NULL)
-        goto other;
-    /* torch.Size is a tuple: its items copied into a plain one, which marshal takes. */
-    fields[0] = PyTuple_Check(shape) ? PyTuple_GetSlice(shape, 0, PyTuple_GET_SIZE(shape)) : PySequence_Tuple(shape);
-    Py_DECREF(shape);
-    PyObject *dtype = PyObject_GetAttr(tensor, str_dtype);
-    if (dtype == NULL)
-        goto other;
-    PyObject *dtype_name = PyDict_GetItemWithError(describer.dtype_names, dtype);
-    Py_DECREF(dtype);
-    fields[1] = dtype_name != NULL ? Py_NewRef(dtype_name) : NULL;
-    fields[2] = device_name(tensor);
-    fields[3] = PyObject_CallMethodNoArgs(tensor, str_stride);
-    if (fields[3] != NULL && !PyTuple_CheckExact(fields[3]))
-        Py_SETREF(fields[3], PySequence_Tuple(fields[3]));
-    PyObject *contiguous = PyObject_CallMethodNoArgs(tensor, str_is_contiguous);
-    fields[4] = contiguous != NULL ? PyBool_FromLong(PyObject_IsTrue(contiguous) == 1) : NULL;
-    Py_XDECREF(contiguous);
-    PyObject *requires_grad = PyObject_GetAttr(tensor, str_requires_grad);
-    fields[5] = requires_grad != NULL ? PyBool_FromLong(requires_grad == Py_True) : NULL;
+    PyObject *sizes = plain ? PyObject_GetAttr(tensor, str_shape) : NULL;
+    if (sizes != NULL && PyTuple_Check(sizes))
+        dims = read_ints(sizes, shape);
+    Py_XDECREF(sizes);
+    PyObject *dtype = dims >= 0 ? PyObject_GetAttr(tensor, str_dtype) : NULL;
+    PyObject *dtype_name = dtype != NULL ? PyDict_GetItemWithError(describer.dtype_names, dtype) : NULL;
+    Py_XDECREF(dtype);
+    PyObject *device = dtype_name != NULL ? device_name(tensor) : NULL;
+    PyObject *steps = device != NULL ? PyObject_CallMethodNoArgs(tensor, str_stride) : NULL;
+    if (steps != NULL && PyTuple_Check(steps))
+        strides = read_ints(steps, stride);
+    Py_XDECREF(steps);
+    PyObject *requires_grad = strides == dims && dims >= 0 ? PyObject_GetAttr(tensor, str_requires_grad) : NULL;
+    int done = 0;
+    if (requires_grad != NULL && PyUnicode_Check(dtype_name) && PyUnicode_Check(device))
+        done = out_key(out, keys, 1) < 0 || out_ints(out, shape, dims) < 0 || out_key(out, keys, 2) < 0 ||
+                       out_text(out, dtype_name, 0) < 0 || out_key(out, keys, 3) < 0 || out_text(out, device, 0) < 0 ||
+                       out_key(out, keys, 4) < 0 || out_ints(out, stride, dims) < 0 || out_key(out, keys, 5) < 0 ||
+                       out_put(out, contiguous(shape, stride, dims) ? "T" : "F", 1) < 0 || out_key(out, keys, 6) < 0 ||
+                       out_put(out, requires_grad == Py_True ? "T" : "F", 1) < 0
+                   ? -1
+                   : 1;
+    Py_XDECREF(device);
     Py_XDECREF(requires_grad);
-    for (int i = 0; i < 6; i++)
-        if (fields[i] == NULL)
-            goto other;
-    for (int i = 0; i < 6; i++) {
-        if (PyDict_SetItem(attributes, PyTuple_GET_ITEM(keys, i + 1), fields[i]) < 0) {
-            for (int j = 0; j < 6; j++)
-                Py_DECREF(fields[j]);
-            return -1;
-        }
-    }
-    for (int i = 0; i < 6; i++)
-        Py_DECREF(fields[i]);
-    return 1;
-other:
-    for (int i = 0; i < 6; i++)
-        Py_XDECREF(fields[i]);
-    if (PyErr_Occurred()) {
+    if (done == 0 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_Exception))
             return -1;
         PyErr_Clear();
     }
-    return 0;
+    return done;
 }
 
-/* `value` at the path of `keys` into `attributes`, as record/attributes.py
- * writes it (level 3: no statistics): 0, or -1 on an error to raise. */
-static int describe_value(PyObject *attributes, PyObject *keys, PyObject *value) {
-    PyObject *key = PyTuple_GET_ITEM(keys, 0);
+/* `value` at the path of `keys` described by the Python path's own
+ * function: a new dict of its attributes, or NULL with an error set. */
+static PyObject *python_described(PyObject *keys, PyObject *value) {
+    PyObject *attributes = PyDict_New();
+    PyObject *called = attributes != NULL ? PyObject_CallFunctionObjArgs(describer.add_described, attributes,
+                                                                         PyTuple_GET_ITEM(keys, 7), value, NULL)
+                                          : NULL;
+    if (called == NULL)
+        Py_CLEAR(attributes);
+    Py_XDECREF(called);
+    return attributes;
+}
+
+/* `value` at the path of `keys`, as record/attributes.py writes it (level 3:
+ * no statistics): 0, or -1 past the limit (no error set) or on an error to
+ * raise; 1 where the Python path's attributes are data marshal refuses. */
+static int out_value(Out *out, PyObject *keys, PyObject *value) {
     PyTypeObject *type = Py_TYPE(value);
+    int done = -2; /* not one of the kinds written here */
     if ((PyObject *)type == describer.tensor_type || (PyObject *)type == describer.parameter_type) {
-        int done = describe_tensor(attributes, keys, value);
+        done = out_tensor(out, keys, value);
         if (done != 0)
             return done < 0 ? -1 : 0;
+        done = -2;
     } else if (value == Py_None) {
-        return PyDict_SetItem(attributes, key, str_none);
+        done = out_key(out, keys, 0) < 0 || out_text(out, str_none, 0) < 0 ? -1 : 0;
     } else if (type == &PyBool_Type) {
-        return PyDict_SetItem(attributes, key, value);
+        done = out_key(out, keys, 0) < 0 || out_put(out, value == Py_True ? "T" : "F", 1) < 0 ? -1 : 0;
     } else if (type == &PyLong_Type) {
         int overflow;
-        PyLong_AsLongLongAndOverflow(value, &overflow);
-        if (!overflow && !PyErr_Occurred())
-            return PyDict_SetItem(attributes, key, value); /* OTLP's int64 holds it */
+        long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (!overflow && !PyErr_Occurred()) /* OTLP's int64 holds it */
+            done = out_key(out, keys, 0) < 0 || out_int(out, number) < 0 ? -1 : 0;
         PyErr_Clear();
     } else if (type == &PyFloat_Type) {
         double number = PyFloat_AS_DOUBLE(value);
-        if (isfinite(number))
-            return PyDict_SetItem(attributes, key, value);
-        return PyDict_SetItem(attributes, key, isnan(number) ? str_nan : number > 0 ? str_inf : str_minus_inf);
-    } else if (type == &PyUnicode_Type) {
-        PyObject *text = PyUnicode_GET_LENGTH(value) > TEXT_LIMIT ? PyUnicode_Substring(value, 0, TEXT_LIMIT)
-                                                                  : Py_NewRef(value);
-        if (text == NULL)
-            return -1;
-        if (PyUnicode_AsUTF8AndSize(text, NULL) != NULL) /* else a lone surrogate: the Python path mends it */
-            return set_steal(attributes, key, text);
-        Py_DECREF(text);
-        PyErr_Clear();
+        done = out_key(out, keys, 0) < 0 ? -1
+               : isfinite(number)        ? out_float(out, number)
+                                         : out_text(out, isnan(number) ? str_nan : number > 0 ? str_inf : str_minus_inf, 0);
+    } else if (type == &PyUnicode_Type && PyUnicode_GET_LENGTH(value) <= TEXT_LIMIT) {
+        size_t mark = out->size;
+        done = out_key(out, keys, 0) < 0 ? -1 : out_text(out, value, 0);
+        if (done < 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_UnicodeError)) {
+            PyErr_Clear(); /* a lone surrogate: the Python path mends it */
+            out->size = mark;
+            done = -2;
+        }
     }
-    /* Any other value (containers, objects, enums, tensor subclasses), by the Python path's own function. */
-    PyObject *done = PyObject_CallFunctionObjArgs(describer.add_described, attributes, PyTuple_GET_ITEM(keys, 7), value,
-                                                  NULL);
-    Py_XDECREF(done);
-    return done != NULL ? 0 : -1;
+    if (done != -2)
+        return done;
+    /* Any other value (containers, objects, enums, tensor subclasses, long
+     * strings), by the Python path's own function, for this value alone. */
+    PyObject *scratch = python_described(keys, value);
+    PyObject *data = scratch != NULL ? PyMarshal_WriteObjectToString(scratch, 2) : NULL;
+    Py_XDECREF(scratch);
+    if (data == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            return -1;
+        PyErr_Clear();
+        return 1;
+    }
+    /* '{', its pairs, '0': the pairs alone */
+    done = out_put(out, PyBytes_AS_STRING(data) + 1, (size_t)PyBytes_GET_SIZE(data) - 2);
+    Py_DECREF(data);
+    return done;
 }
 
-/* A call's start attributes (the site's own, then its arguments'),
- * marshalled: a new bytes object, or NULL with no error set where Python
- * must record the call (too many arguments, too large), or with one to raise. */
-static PyObject *described_inputs(PyObject *site_attributes, int skip_self, PyObject *const *args, Py_ssize_t nargs,
-                                  PyObject *kwnames) {
+/* A call's start attributes (the site's own, then its arguments'), as
+ * marshal data appended to `out` (its record): 0, or -1 with no error set
+ * where Python must record the call (too many arguments, too large, data
+ * marshal refuses), or with one to raise. */
+static int described_inputs(Out *out, PyObject *site_pairs, int skip_self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames) {
     Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
     Py_ssize_t first = skip_self && nargs > 0 ? 1 : 0;
     if (nargs - first + nkw > MAX_DESCRIBED_ARGS)
-        return NULL;
-    PyObject *attributes = site_attributes != NULL ? PyDict_Copy(site_attributes) : PyDict_New();
-    if (attributes == NULL)
-        return NULL;
-    for (Py_ssize_t i = first; i < nargs; i++) {
+        return -1;
+    int done = out_put(out, "{", 1);
+    if (done == 0 && site_pairs != NULL)
+        done = out_put(out, PyBytes_AS_STRING(site_pairs), (size_t)PyBytes_GET_SIZE(site_pairs));
+    for (Py_ssize_t i = first; i < nargs && done == 0; i++) {
         PyObject *keys = arg_keys(i - first);
-        if (keys == NULL || describe_value(attributes, keys, args[i]) < 0)
-            goto fail;
+        done = keys != NULL ? out_value(out, keys, args[i]) : -1;
     }
-    for (Py_ssize_t i = 0; i < nkw; i++) {
+    for (Py_ssize_t i = 0; i < nkw && done == 0; i++) {
         PyObject *keys = kw_keys(PyTuple_GET_ITEM(kwnames, i));
-        int done = keys != NULL ? describe_value(attributes, keys, args[nargs + i]) : -1;
+        done = keys != NULL ? out_value(out, keys, args[nargs + i]) : -1;
         Py_XDECREF(keys);
-        if (done < 0)
-            goto fail;
     }
-    PyObject *data = PyMarshal_WriteObjectToString(attributes, MARSHAL_VERSION);
-    if (data == NULL) { /* a value marshal refuses: the Python path writes it as its repr */
-        if (!PyErr_ExceptionMatches(PyExc_ValueError))
-            goto fail;
-        PyErr_Clear();
-    } else if (PyBytes_GET_SIZE(data) > MAX_INLINE_EXTRA) {
-        Py_CLEAR(data);
-    }
-    Py_DECREF(attributes);
-    return data;
-fail:
-    Py_DECREF(attributes);
-    return NULL;
+    if (done == 0)
+        done = out_put(out, "0", 1);
+    return done == 0 ? 0 : -1;
 }
 
-/* The attributes a call's result adds at its end, marshalled: a new bytes
- * object, or NULL with an error set. */
-static PyObject *described_output(PyObject *result) {
+/* The attributes a call's result adds at its end, as marshal data appended
+ * to `out` (its record): 0, or -1 with an error set. */
+static int described_output(Out *out, PyObject *result) {
     if (describer.output_keys == NULL) {
         PyObject *path = PyUnicode_FromString("output");
         describer.output_keys = path != NULL ? keys_of(path) : NULL;
         Py_XDECREF(path);
         if (describer.output_keys == NULL)
-            return NULL;
+            return -1;
     }
-    PyObject *attributes = PyDict_New();
-    if (attributes == NULL || describe_value(attributes, describer.output_keys, result) < 0) {
-        Py_XDECREF(attributes);
-        return NULL;
-    }
-    PyObject *data = PyMarshal_WriteObjectToString(attributes, MARSHAL_VERSION);
-    if (data == NULL && PyErr_ExceptionMatches(PyExc_ValueError)) {
-        PyErr_Clear();
-        data = PyObject_CallOneArg(describer.encode, attributes);
-    }
-    Py_DECREF(attributes);
-    return data;
+    size_t mark = out->size;
+    int done = out_put(out, "{", 1);
+    if (done == 0)
+        done = out_value(out, describer.output_keys, result);
+    if (done == 0)
+        done = out_put(out, "0", 1);
+    if (done == 0 || PyErr_Occurred())
+        return done == 0 ? 0 : -1;
+    /* Data marshal refuses, or too large: the Python path's attributes, as its encoder writes them. */
+    out->size = mark;
+    PyObject *attributes = python_described(describer.output_keys, result);
+    PyObject *data = attributes != NULL ? PyObject_CallOneArg(describer.encode, attributes) : NULL;
+    Py_XDECREF(attributes);
+    if (data == NULL)
+        return -1;
+    done = PyBytes_Check(data) ? out_put(out, PyBytes_AS_STRING(data), (size_t)PyBytes_GET_SIZE(data)) : -1;
+    Py_DECREF(data);
+    if (done < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "a result's metadata too large to record");
+    return done;
 }
 
 /* -- Recorded ---------------------------------------------------------------- */
@@ -690,8 +903,8 @@ typedef struct {
      * the list [pending replay, output check on]. */
     PyObject *graph_attribute, *replay_context, *replays;
     /* The site's own attributes (the module a layer's call runs in), marshalled once, or NULL;
-     * and as a dict, which a call's described arguments join. */
-    PyObject *attributes, *attributes_dict;
+     * and their key and value pairs alone (marshal version 2), which a call's described arguments follow. */
+    PyObject *attributes, *attribute_pairs;
     int skip_self; /* its KernelSite's: a leading self or cls is not an argument */
     PyObject *dict;
     PyObject *weakrefs;
@@ -912,41 +1125,44 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
     /* First, as it may run Python code (the Python path's function for an
      * object): nothing of the ring's or the thread's is read before. */
-    PyObject *described = NULL;
+    Out opening; /* the KERNEL_SPAN record: its fixed fields, then its attributes */
+    out_init(&opening, KERNEL_SPAN_SIZE + MAX_INLINE_EXTRA);
+    opening.size = KERNEL_SPAN_SIZE;
     if (describe) {
-        described = described_inputs(self->attributes_dict, self->skip_self, args, PyVectorcall_NARGS(nargsf), kwnames);
-        if (described == NULL) {
+        if (described_inputs(&opening, self->attribute_pairs, self->skip_self, args, PyVectorcall_NARGS(nargsf),
+                             kwnames) < 0) {
+            out_free(&opening);
             if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
                 return NULL; /* KeyboardInterrupt and the like, as the Python path lets them through */
             PyErr_Clear();
             return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
         }
         if (core.ring == NULL || core.ring->inline_end < 0) {
-            Py_DECREF(described);
+            out_free(&opening);
             return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
         }
     }
     unsigned long symbol = site_symbol(self);
     if (symbol == 0) {
-        Py_XDECREF(described);
+        out_free(&opening);
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
     }
     PyObject *state = PyObject_GetAttr(core.per_thread, str_state);
     if (state == NULL) {
-        Py_XDECREF(described);
+        out_free(&opening);
         return NULL;
     }
     if (!PyList_CheckExact(state) || PyList_GET_SIZE(state) != 4 || PyList_GET_ITEM(state, 0) != core.writer) {
         /* The thread's first call into this file: Python names the thread. */
         Py_DECREF(state);
-        Py_XDECREF(described);
+        out_free(&opening);
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
     }
     PyObject *outer = Py_NewRef(PyList_GET_ITEM(state, 2));
     PyObject *writer = Py_NewRef(core.writer);
     Ring *ring = (Ring *)Py_NewRef((PyObject *)core.ring);
     PyObject *trace = NULL, *call = NULL, *result = NULL;
-    PyObject *extra = described; /* the call's attributes, a replay's or the site's, marshalled */
+    PyObject *extra = NULL; /* a replay's attributes or the site's, marshalled (a described call's are in `opening`) */
     unsigned long long seq;
     unsigned kind_flags = 0;
     PyObject *then = NULL; /* what runs the kernel instead, once this core let go of its references */
@@ -982,7 +1198,7 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         if (!replay_fields(self, args, nargsf, &extra, &seq))
             goto slow;
         kind_flags = FLAG_GRAPH_REPLAY;
-    } else if (extra == NULL && self->attributes != NULL) {
+    } else if (!describe && self->attributes != NULL) {
         extra = Py_NewRef(self->attributes);
     }
     flags |= core.span_flags | kind_flags;
@@ -997,9 +1213,10 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         goto fail;
     PyList_SetItem(state, 3, calls);
     long long start = now_ns();
+    if (extra != NULL && out_put(&opening, PyBytes_AS_STRING(extra), (size_t)PyBytes_GET_SIZE(extra)) < 0)
+        goto fail;
     {
-        unsigned char record[KERNEL_SPAN_SIZE + MAX_INLINE_EXTRA];
-        size_t size = KERNEL_SPAN_SIZE;
+        unsigned char *record = opening.data;
         uint64_t ident;
         ident = PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(state, 1));
         uint32_t symbol32 = (uint32_t)symbol;
@@ -1014,11 +1231,7 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         record[53] = (unsigned char)flags;
         put_u64(record + 54, seq);
         record[62] = (unsigned char)self->level;
-        if (extra != NULL) {
-            memcpy(record + KERNEL_SPAN_SIZE, PyBytes_AS_STRING(extra), (size_t)PyBytes_GET_SIZE(extra));
-            size += (size_t)PyBytes_GET_SIZE(extra);
-        }
-        if (PyErr_Occurred() || write_record(writer, ring, ENCODING_KERNEL_SPAN, record, size) < 0)
+        if (PyErr_Occurred() || write_record(writer, ring, ENCODING_KERNEL_SPAN, record, opening.size) < 0)
             goto fail;
     }
     /* The call as the Python side keeps it (record/spans.py: TRACE_ID ... CALL_SEQ). */
@@ -1064,7 +1277,9 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         Py_XDECREF(done);
         PyErr_Restore(type, value, traceback);
     } else {
-        unsigned char compact[COMPACT_END_SIZE], *record = compact;
+        Out record; /* the end: its fixed fields, then the result's attributes */
+        out_init(&record, COMPACT_END_SIZE + MAX_DESCRIBED_OUTPUT);
+        record.size = COMPACT_END_SIZE;
         long long end = now_ns();
         if (kind_flags) { /* the replay a device error met later is blamed on */
             PyObject *pending = PyLong_FromUnsignedLongLong(seq);
@@ -1072,25 +1287,17 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
                 PyErr_WriteUnraisable(self->slow);
         }
         /* The result's metadata, read once the kernel returned, as the Python path reads it. */
-        PyObject *output = describe ? described_output(result) : NULL;
-        if (describe && output == NULL)
+        if (describe && described_output(&record, result) < 0) {
             PyErr_WriteUnraisable(self->slow); /* the end is still written, without them */
-        size_t size = COMPACT_END_SIZE + (output != NULL ? (size_t)PyBytes_GET_SIZE(output) : 0);
-        if (output != NULL && (record = PyMem_Malloc(size)) == NULL) {
-            record = compact;
-            size = COMPACT_END_SIZE;
+            record.size = COMPACT_END_SIZE;
         }
-        put_u64(record, span_id);
-        put_u64(record + 8, (uint64_t)end);
-        record[16] = 0; /* status: unset */
-        if (size > COMPACT_END_SIZE)
-            memcpy(record + COMPACT_END_SIZE, PyBytes_AS_STRING(output), size - COMPACT_END_SIZE);
-        if (write_record(writer, ring, size > COMPACT_END_SIZE ? ENCODING_ATTRIBUTED_END : ENCODING_COMPACT_END,
-                         record, size) < 0)
+        put_u64(record.data, span_id);
+        put_u64(record.data + 8, (uint64_t)end);
+        record.data[16] = 0; /* status: unset */
+        if (write_record(writer, ring, record.size > COMPACT_END_SIZE ? ENCODING_ATTRIBUTED_END : ENCODING_COMPACT_END,
+                         record.data, record.size) < 0)
             PyErr_WriteUnraisable(self->slow); /* never the kernel's result lost for its record */
-        if (record != compact)
-            PyMem_Free(record);
-        Py_XDECREF(output);
+        out_free(&record);
     }
     goto release;
 
@@ -1112,6 +1319,7 @@ slow:
     }
 
 release:
+    out_free(&opening);
     Py_XDECREF(extra);
     Py_XDECREF(trace);
     Py_XDECREF(call);
@@ -1145,17 +1353,21 @@ static int recorded_init(Recorded *self, PyObject *args, PyObject *kwds) {
     Py_CLEAR(self->replay_context);
     Py_CLEAR(self->replays);
     Py_CLEAR(self->attributes);
-    Py_CLEAR(self->attributes_dict);
+    Py_CLEAR(self->attribute_pairs);
     if (attributes != Py_None && PyBytes_GET_SIZE(attributes)) {
         self->attributes = Py_NewRef(attributes);
-        self->attributes_dict = PyMarshal_ReadObjectFromString(PyBytes_AS_STRING(attributes),
-                                                               PyBytes_GET_SIZE(attributes));
-        if (self->attributes_dict == NULL || !PyDict_CheckExact(self->attributes_dict)) {
-            Py_CLEAR(self->attributes_dict);
+        PyObject *dict = PyMarshal_ReadObjectFromString(PyBytes_AS_STRING(attributes), PyBytes_GET_SIZE(attributes));
+        PyObject *data = dict != NULL && PyDict_CheckExact(dict) ? PyMarshal_WriteObjectToString(dict, 2) : NULL;
+        Py_XDECREF(dict);
+        if (data == NULL) {
             PyErr_Clear();
             PyErr_SetString(PyExc_ValueError, "Recorded: a site's attributes are a marshalled dict");
             return -1;
         }
+        self->attribute_pairs = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + 1, PyBytes_GET_SIZE(data) - 2);
+        Py_DECREF(data);
+        if (self->attribute_pairs == NULL)
+            return -1;
     }
     PyObject *skip_self = PyObject_GetAttr(site, str_skip_self);
     self->skip_self = skip_self != NULL && PyObject_IsTrue(skip_self) == 1;
@@ -1195,7 +1407,7 @@ static int recorded_clear(Recorded *self) {
     Py_CLEAR(self->replay_context);
     Py_CLEAR(self->replays);
     Py_CLEAR(self->attributes);
-    Py_CLEAR(self->attributes_dict);
+    Py_CLEAR(self->attribute_pairs);
     Py_CLEAR(self->dict);
     return 0;
 }
@@ -1409,10 +1621,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     str_numbers = PyUnicode_InternFromString("numbers");
     if (!str_attributes || !str_numbers)
         return NULL;
-    const char *names[] = {"shape", "dtype", "is_cpu", "device", "layout", "stride", "is_contiguous", "requires_grad",
+    const char *names[] = {"shape", "dtype", "is_cpu", "device", "layout", "stride", "requires_grad",
                            "skip_self", "cpu", "None", "nan", "inf", "-inf"};
     PyObject **strings[] = {&str_shape, &str_dtype, &str_is_cpu, &str_device, &str_layout, &str_stride,
-                            &str_is_contiguous, &str_requires_grad, &str_skip_self, &str_cpu, &str_none, &str_nan,
+                            &str_requires_grad, &str_skip_self, &str_cpu, &str_none, &str_nan,
                             &str_inf, &str_minus_inf};
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         if ((*strings[i] = PyUnicode_InternFromString(names[i])) == NULL)

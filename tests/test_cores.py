@@ -70,6 +70,15 @@ worker.start(); worker.join()
 with sok.forward_batch([{}], name="decode_batch"):
     layer(x, w)
 
+# Values at the edges of what the compiled core writes itself (its second call's; the first is Python's).
+@sok.debug_kernel_api(op_name="sglang.custom_op.odd")
+def odd(*args, **kwargs):
+    return args[0]
+
+for _ in range(2):
+    odd(torch.empty(0, 3), torch.ones(1, 4).t(), torch.tensor(2.0), 2**40, -2**63, 2**64, float("nan"),
+        float("-inf"), "r\u00e9sum\u00e9 \u2713", "x" * 300, None, [x, w], label="na\u00efve", big=-2**40)
+
 # A CUDA graph (the tests' stand-in, through the same seam): captured, then
 # replayed alone and in a batch's context, then a device error it is blamed for.
 sys.path.insert(0, sys.argv[1])
@@ -172,11 +181,11 @@ def _report_of_a_run(tmp_path: Path, python_core: bool, level: int, blackbox: bo
     assert run.returncode == -6, run.stderr  # the abort inside sglang.custom_op.fatal
     native, recorded = run.stdout.split()
     assert native == str(not python_core)
-    # The compiled core recorded 17 of the 28 calls and replays: Python the first of each of the six kernels
+    # The compiled core recorded 18 of the 30 calls and replays: Python the first of each of the six kernels
     # and of the replays into the file (it writes their names), the worker thread's first (it writes the
     # thread's name) and the three calls made while the graph was captured.
     # Level 3 leaves to Python what it leaves at level 1, and the three replays C took there (their hooks describe them).
-    assert int(recorded) == (0 if python_core else 17 if level == 1 else 14), run.stdout
+    assert int(recorded) == (0 if python_core else 18 if level == 1 else 15), run.stdout
     report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(folder), "--json"],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 1, report.stderr  # a crash
@@ -204,15 +213,28 @@ def test_the_same_program_gives_the_same_report_through_either_core(tmp_path, le
     assert compiled["summary"]["sglang.custom_op.rmsnorm"]["calls"] == 15
     assert compiled["summary"]["cuda_graph.replay"]["calls"] == 4
     assert "replay 4 of graph 1" in json.dumps(compiled["failed"][1])
-    replays = [_replay_attributes(tmp_path / folder) for folder in ("compiled", "python")]
+    odd = [_span_attributes(tmp_path / folder, "sglang.custom_op.odd") for folder in ("compiled", "python")]
+    assert odd[0] == odd[1]
+    if level == 3:
+        described = {key.removeprefix("sglang.kernel.input."): value for key, value in odd[0][1].items()
+                     if key.startswith("sglang.kernel.input.")}
+        assert described["arg0.shape"] == (0, 3) and described["arg0.contiguous"] is True  # empty: contiguous
+        assert described["arg1.stride"] == (1, 4) and described["arg1.contiguous"] is True  # a dim of size 1
+        assert described["arg2.shape"] == () and described["arg2.stride"] == ()
+        assert (described["arg3"], described["arg4"], described["big"]) == (2**40, -2**63, -2**40)
+        assert (described["arg6"], described["arg7"]) == ("nan", "-inf")
+        assert (described["arg8"], described["label"], described["arg10"]) == ("r\u00e9sum\u00e9 \u2713", "na\u00efve", "None")
+        assert described["arg11.0.shape"] == (4, 8) and len(described["arg9"]) <= 200
+    replays = [_span_attributes(tmp_path / folder, "cuda_graph.replay") for folder in ("compiled", "python")]
     assert replays[0] == replays[1]
     assert [r["sglang.cuda_graph.replay"] for r in replays[0]] == [1, 2, 3, 4]
     assert replays[0][3]["sglang.batch.request_ids"] == ("a", "b", "c")
 
 
-def _replay_attributes(folder: Path) -> list:
+def _span_attributes(folder: Path, name: str) -> list:
     (path,) = folder.glob("*.sgltrace")
-    return [dict(span.attributes) for span in sok.read_trace_file(str(path)).spans if span.name == "cuda_graph.replay"]
+    return [dict(span.attributes) for span in sok.read_trace_file(str(path)).spans if span.name == name]
+
 
 
 @pytest.mark.skipif(core.native is None, reason="the other core is the Python one only where the compiled one is built")
