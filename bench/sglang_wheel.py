@@ -31,11 +31,18 @@ def _failure(what: str, proc: subprocess.CompletedProcess) -> RuntimeError:
     return RuntimeError(f"cannot {what}: {detail}")
 
 
-def install_sglang_site(requirements: str, cache_root: str) -> str:
+def environments_folder() -> str:
+    """Where .ci/sglang-env keeps SGLang's environment, once per machine
+    (SGLANG_OTEL_ENVS, else the user's cache folder)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.environ.get("SGLANG_OTEL_ENVS") or os.path.join(cache, "sglang-otel-kernels")
+
+
+def install_sglang_site(requirements: str) -> str:
     """The folder (for PYTHONPATH) holding every package `requirements` pins,
-    installed with --no-deps; made once per content of that list under
-    `cache_root` and reused (pip's own cache makes a fresh clone's first
-    install quick)."""
+    installed with --no-deps; made once per content of that list beside
+    SGLang's environment, outside any checkout, and reused by every clone."""
+    cache_root = environments_folder()
     with open(requirements, "rb") as handle:
         digest = hashlib.sha256(handle.read()).hexdigest()[:16]
     site = os.path.join(cache_root, f"sglang-site-{digest}")

@@ -64,7 +64,7 @@ rmsnorm(torch.ones(2), torch.ones(2))
 
 @pytest.fixture(scope="module")
 def sglang_logger():
-    site = install_sglang_site(os.path.join(TESTS, "sglang-site.txt"), os.path.join(ROOT, ".cache"))
+    site = install_sglang_site(os.path.join(TESTS, "sglang-site.txt"))
     return os.path.join(site, "sglang", "kernels", "kernel_api_logging.py")
 
 

@@ -34,7 +34,7 @@ RIDS = ("r1", "r2", "bad3")
 
 @pytest.fixture(scope="module")
 def sglang_site():
-    return install_sglang_site(os.path.join(TESTS, "sglang-site.txt"), os.path.join(ROOT, ".cache"))
+    return install_sglang_site(os.path.join(TESTS, "sglang-site.txt"))
 
 
 @pytest.fixture
