@@ -213,7 +213,9 @@ def test_interrupts_anywhere_in_recording_leave_neither_a_lock_held_nor_a_call_r
     assert proc.returncode == 0, proc.stderr[-2000:]
     calls, interrupted = map(int, proc.stdout.split())
     assert interrupted > 1000
-    assert calls > 5 * interrupted, (calls, interrupted)
+    # A held lock lets almost no call complete; a healthy loop completes thousands, even on a machine so loaded
+    # that one call in four is interrupted (seen: 19 612 calls, 5 161 interrupted).
+    assert calls > 1000, (calls, interrupted)
     spans = sok.read_trace(tmp_path / "trace.sgltrace")
     last = spans[-1]
     assert last.name == "k" and last.end_time is not None

@@ -386,17 +386,16 @@ def test_a_lapped_follower_resynchronises_names_first_and_invents_nothing(tmp_pa
 
 def test_a_sidecar_lapped_by_its_writer_exports_no_invented_span(tmp_path, receiver):
     script = textwrap.dedent("""
-        import time, torch, sglang_otel_kernels as sok
+        import os, time, torch, sglang_otel_kernels as sok
         from opentelemetry import trace
         sok.configure()
         k = sok.debug_kernel_api(op_name="sglang.custom_op.step")(lambda x, i: x)
         tracer = trace.get_tracer("app")
-        # Long enough for the sidecar to be up and reading while the writer
-        # laps it: a fixed count of calls could all be written before it has
-        # read anything (it starts in about a second), and nothing would be
-        # lost then.
-        r, until = 0, time.monotonic() + 3
-        while time.monotonic() < until:
+        # Until the test says stop: once the sidecar is up and reading (which
+        # takes seconds on a loaded machine), the writer laps it. Calls written
+        # before it reads anything are not lapped, just not read yet.
+        r, until = 0, time.monotonic() + 240
+        while not os.path.exists("stop") and time.monotonic() < until:
             with tracer.start_as_current_span(f"request {r % 7}"):
                 for i in range(10):
                     k(torch.ones(2), i)
@@ -406,10 +405,16 @@ def test_a_sidecar_lapped_by_its_writer_exports_no_invented_span(tmp_path, recei
     env.update(SGLANG_KERNEL_API_LOGLEVEL="3", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="1",
                SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "t_%i.sgltrace"), SGLANG_KERNEL_API_TRACEFILE_SIZE="64K",
                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # returns once the sidecar, which shares its stderr, has finished too
-    assert proc.returncode == 0, proc.stderr
-    assert "records were overwritten before they were read" in proc.stderr
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        receiver.wait_for(lambda got: len(got) > 0, timeout=120)  # the sidecar reads and exports
+        time.sleep(3)  # while the writer laps it
+    finally:
+        (tmp_path / "stop").touch()
+    _, stderr = proc.communicate(timeout=300)  # once the sidecar, which shares its stderr, has finished too
+    assert proc.returncode == 0, stderr
+    assert "records were overwritten before they were read" in stderr
     spans = receiver.wait_for(lambda got: len(got) > 100)
     assert not any("not in the file" in s["name"] for s in spans)
     assert not any(K + "in_flight" in s["attributes"] or s["status"] == 2 for s in spans)

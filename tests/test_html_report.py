@@ -53,17 +53,21 @@ def test_hostile_names_are_escaped(tmp_path):
 
 ONE_PROCESS = """
 import os, sys, time, torch, sglang_otel_kernels as sok
-sok.configure(level=5, log_dest="off", trace_file=sys.argv[1])  # statistics: report lines wider than the window
-while len(sys.argv) > 4 and not os.path.exists(sys.argv[4]):  # started early: torch's import is off the time axis
+trace, name, ending, cue = sys.argv[1:5]
+sok.configure(level=5, log_dest="off", trace_file=trace)  # statistics: report lines wider than the window
+# The crashing one, started first, waits for the other's cue, given as its last call ends: neither
+# torch's import nor an interpreter's exit is on the time axis, however slow the machine.
+while ending == "crash" and not os.path.exists(cue):
     time.sleep(0.01)
-@sok.debug_kernel_api(op_name=sys.argv[2])
+@sok.debug_kernel_api(op_name=name)
 def kernel(x, note=None):
     time.sleep(0.3)  # wide enough on the page to carry its name
     if note == "die":
         os._exit(134)
     return x
 kernel(torch.ones(2))
-kernel(torch.ones(2), note="die" if sys.argv[3] == "crash" else None)
+kernel(torch.ones(2), note="die" if ending == "crash" else None)
+open(cue, "w").close()
 """
 
 # Loads the report in a 1000-pixel frame and writes what its layout did
@@ -85,14 +89,14 @@ document.getElementById('page').onload = () => {
 
 
 def test_the_page_wraps_its_text_names_wide_bars_and_lines_processes_up_on_one_axis(tmp_path):
-    # Process b imports torch while a runs and calls its kernel only once a has
-    # ended: the gap between them, and so the axis, does not grow on a slow machine.
+    # Process b calls its kernel once a's last call has ended: the gap between
+    # them, and so the axis, does not grow on a slow machine.
     go = tmp_path / "a-ended"
     b = subprocess.Popen([sys.executable, "-c", ONE_PROCESS, "b.sgltrace", "sglang.custom_op.embedding", "crash",
                           str(go)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        a = subprocess.run([sys.executable, "-c", ONE_PROCESS, "a.sgltrace", "sglang.custom_op.rmsnorm", "exit"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        a = subprocess.run([sys.executable, "-c", ONE_PROCESS, "a.sgltrace", "sglang.custom_op.rmsnorm", "exit",
+                            str(go)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     finally:
         go.touch()  # b is never left waiting
     _, b_err = b.communicate(timeout=120)

@@ -142,7 +142,10 @@ def test_dead_endpoint_costs_the_kernels_nothing_and_is_reported_once(tmp_path):
                           timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert float(proc.stdout) < 30  # 3000 calls never wait on the network
-    assert proc.stderr.count("the OTLP export queue is full") == 1
+    # Said once, as it happened first: a full queue (while the first export waits on the dead endpoint) or the
+    # failed export (refused at once, then the pause drops the rest unqueued); each cause at most once.
+    full, failed = proc.stderr.count("the OTLP export queue is full"), proc.stderr.count("OTLP export failed:")
+    assert full <= 1 and failed <= 1 and full + failed >= 1, proc.stderr
     assert "span(s) dropped (full queue, or paused after a failure)" in proc.stderr  # the count, at shutdown
     assert len(sok.read_trace(tmp_path / "t.sgltrace")) == 3000
 
