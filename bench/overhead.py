@@ -117,6 +117,15 @@ def recording_at_level_1(prefix: str) -> str:
     return directory
 
 
+def stop_recording(directory: str) -> None:
+    """Recording off, and the trace files a round's writers left in
+    `directory` removed (16 MiB each)."""
+    sok.configure(level=0, trace_file="off")
+    for name in os.listdir(directory):
+        if ".sgltrace" in name:
+            os.unlink(os.path.join(directory, name))
+
+
 def rounds_table(one_round, options: argparse.Namespace) -> dict[str, float]:
     """`one_round()` (a list of (label, us per call)) run `--rounds` times;
     each row printed as its median over the rounds, and returned by label."""
@@ -184,10 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             sok.configure(level=1, log_dest="off", spans=True, trace_file=trace_path, blackbox=True,
                           tracer_provider=batch_provider)
             rows.append((label, "1", run(batch_span)))
-        sok.configure(level=0, trace_file="off")
-        for name in os.listdir(directory):  # the trace files this round's writers left (16 MiB each)
-            if ".sgltrace" in name:
-                os.unlink(os.path.join(directory, name))
+        stop_recording(directory)
         return rows
 
     rounds = [one_round() for _ in range(options.rounds)]
