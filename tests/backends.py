@@ -44,7 +44,9 @@ def get(url: str):
         return json.loads(response.read())
 
 
-def wait(what: str, probe, timeout: float = 60.0):
+def wait(what: str, probe, timeout: float = 60.0, detail=None):
+    """`probe()`'s first true answer, polled until `timeout`; else an
+    AssertionError naming `what` (and `detail`, as it then reads)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -54,7 +56,7 @@ def wait(what: str, probe, timeout: float = 60.0):
         except (OSError, ValueError, KeyError):
             pass
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
+            raise AssertionError(f"{what}: not within {timeout} s" + (f"; {detail}" if detail is not None else ""))
         time.sleep(0.25)
 
 

@@ -204,17 +204,24 @@ def test_an_archive_with_another_services_spans_reports_only_the_processes_with_
 
 def test_a_process_split_over_several_archives_is_reported_as_one(left_file, tmp_path):
     """Each gateway of a two-tier layout archives the traces routed to it:
-    one process's spans in several files, as here (half the spans in each)."""
+    one process's spans in several files, as here (half the spans in each,
+    and the calls in flight at its death all in the second, which the first
+    file alone reads as a process that ended)."""
     mode, path = left_file
     exported = tmp_path / "all.jsonl"
     assert cli("export", str(path), "-o", str(exported)).returncode == 0
     [document] = [json.loads(line) for line in exported.read_text().splitlines()]
     spans = document["resourceSpans"][0]["scopeSpans"]
+
+    def in_flight(span: dict) -> bool:
+        return any(a["key"] == "sglang.kernel.in_flight" and a["value"].get("boolValue") for a in span["attributes"])
+
     for n in (0, 1):
         os.makedirs(tmp_path / f"gateway-{n}")
         part = json.loads(json.dumps(document))
         for scope, original in zip(part["resourceSpans"][0]["scopeSpans"], spans):
-            scope["spans"] = original["spans"][n::2]
+            ended = [span for span in original["spans"] if not in_flight(span)]
+            scope["spans"] = ended[n::2] + ([span for span in original["spans"] if in_flight(span)] if n else [])
         (tmp_path / f"gateway-{n}" / "kernels.jsonl").write_text(json.dumps(part) + "\n")
     whole = json.loads(cli("report", str(exported), "--json").stdout)
     split = cli("report", str(tmp_path / "gateway-0"), str(tmp_path / "gateway-1"), "--json")
@@ -223,6 +230,8 @@ def test_a_process_split_over_several_archives_is_reported_as_one(left_file, tmp
     assert merged["summary"] == whole["summary"] and merged["files"][0]["spans"] == whole["files"][0]["spans"]
     assert [c["name"] for c in merged["in_flight"] + merged["failed"]] == \
         [c["name"] for c in whole["in_flight"] + whole["failed"]]
+    ending = [(f["state"], f["fatal_signal"]) for f in (merged["files"][0], whole["files"][0])]
+    assert ending[0] == ending[1] == (("died", "") if mode == "crash" else ("ended", None)), ending  # os._exit: no signal
 
 
 @pytest.mark.parametrize("content, message", [

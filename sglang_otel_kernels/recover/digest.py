@@ -21,6 +21,7 @@ from typing import Callable
 
 from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, COPY_OF, GRAPH_REPLAY, NAME, STOP_SPAN
 from .batch_failures import is_batch
+from .otlp_json import exported_ending, without_answered_snapshots
 from .reader import RecoveredSpan, TraceFileContents, TraceFileError
 
 NEWEST_PER_THREAD = 200  # kernel calls of each thread (and of each process) a timeline draws
@@ -163,12 +164,14 @@ def merge_processes(digests: list[Digest], last: int = 10) -> list[Digest]:
                 if span.span_id not in by_id or by_id[span.span_id].in_flight:  # an ended copy says more
                     by_id[span.span_id] = span
         first = group[0].contents
+        spans = sorted(without_answered_snapshots(list(by_id.values())), key=lambda span: span.start_time)
+        # How it ended, from all its spans: the calls its sidecar sent in flight at its death may all be in a
+        # file other than the first (routed by their traces), which alone reads as a process that ended.
         contents = dataclasses.replace(
-            first, path=f"{first.path} (and {len(group) - 1} more file(s))",
-            spans=sorted(by_id.values(), key=lambda span: span.start_time),
+            first, path=f"{first.path} (and {len(group) - 1} more file(s))", spans=spans,
             records=sum(item.contents.records for item in group), skipped=sum(item.contents.skipped for item in group),
             problems=list(dict.fromkeys(p for item in group for p in item.contents.problems)),
-            last_time=max(item.contents.last_time for item in group))
+            last_time=max(item.contents.last_time for item in group), **exported_ending(spans))
         summary: dict[str, list] = {}
         for item in group:
             add_counts(summary, item.summary)
