@@ -15,10 +15,10 @@ per request and per decode step, and the median ratio to level 0 with its
 quartiles over all rounds.
 
 Needs SGLang's environment (bash .ci/sglang-env) and a tiny model it makes
-(tests/tiny_llama.py). With --profile, one more server per setting (level 0
-and the black box) runs its scheduler's main thread under cProfile for the
-timed requests alone, and the functions that take most of a decode step are
-printed: where the black box's time per step goes.
+(tests/tiny_llama.py). With --profile, one more server per setting (those
+--only names, level 0 always among them) runs its scheduler's main thread
+under cProfile for the timed requests alone, and the functions that take
+most of a decode step are printed: where a setting's time per step goes.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="decode steps per request")
     parser.add_argument("--only", action="append", choices=sorted(SETTINGS), help="settings to measure (all)")
     parser.add_argument("--profile", action="store_true",
-                        help="then profile the scheduler at level 0 and in the black box")
+                        help="then profile the scheduler in each setting measured (--starts 0: profile only)")
     options = parser.parse_args()
     python = environment_python()
     names = options.only or list(SETTINGS)
@@ -242,7 +242,7 @@ def main() -> None:
             print(f"{name:10s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
                   f"{statistics.median(ratios[name]):10.3f} {low:5.3f}-{high:5.3f}", flush=True)
         if options.profile:
-            for name in ("level 0", "black box"):
+            for name in names:
                 profile(python, model, name, scratch, options.rounds, options.tokens)
 
 
