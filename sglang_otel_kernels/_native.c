@@ -47,8 +47,10 @@
 #define MAX_INLINE_EXTRA 4096 /* a replay's or a call's attributes copied here; larger ones go through Python */
 #define MAX_DESCRIBED_ARGS 64  /* a call with more arguments goes through Python */
 #define TEXT_LIMIT 200         /* a string attribute's characters (attributes.py: REPR_LIMIT) */
+#define IDENTITY_TEXT_LIMIT 64 /* a field's characters in an object's identity (values.py) */
 #define MAX_CACHED_KEYS 4096   /* keyword argument names whose attribute keys are kept */
 #define MAX_CACHED_DEVICES 256
+#define MAX_CACHED_PLANS 1024  /* object types whose identity_plan is kept */
 #define MAX_DIMS 64 /* a tensor of more dimensions is described by the Python path */
 #define MAX_DESCRIBED_OUTPUT (1 << 20) /* a result's metadata written here; larger, as the Python path encodes it */
 
@@ -296,13 +298,17 @@ static struct {
     PyObject *kw_keys;                      /* dict: keyword -> its keys */
     PyObject *output_keys;
     PyObject *devices;                      /* device -> its name */
+    PyObject *identity_plan;                /* describe/values.py's, asked once per object type */
+    PyObject *plans;                        /* dict: type -> its plan, or None (the Python path) */
+    PyObject *enum_type;                    /* enum.Enum */
 } describer;
 
 static PyObject *str_span_processors, *str_seen, *str_targets;
 static PyObject *str_state, *str_provider, *str_processors, *str_symbols, *str_write_record, *str_flag, *one;
 static PyObject *str_attributes, *str_numbers;
 static PyObject *str_shape, *str_dtype, *str_is_cpu, *str_device, *str_layout, *str_stride,
-    *str_requires_grad, *str_skip_self, *str_cpu, *str_none, *str_nan, *str_inf, *str_minus_inf;
+    *str_requires_grad, *str_skip_self, *str_cpu, *str_none, *str_nan, *str_inf, *str_minus_inf, *str_name,
+    *str_comma;
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -453,19 +459,22 @@ static PyObject *reset_seq(PyObject *module, PyObject *unused) {
 /* -- Describing arguments (level 3) ------------------------------------------ */
 
 static PyObject *set_describer(PyObject *module, PyObject *args) {
-    PyObject *tensor_type, *parameter_type, *dtype_names, *strided, *prefix, *add_described, *encode;
-    if (!PyArg_ParseTuple(args, "O!O!O!OUOO:set_describer", &PyType_Type, &tensor_type, &PyType_Type, &parameter_type,
-                          &PyDict_Type, &dtype_names, &strided, &prefix, &add_described, &encode))
+    PyObject *tensor_type, *parameter_type, *dtype_names, *strided, *prefix, *add_described, *encode, *identity_plan,
+        *enum_type;
+    if (!PyArg_ParseTuple(args, "O!O!O!OUOOOO!:set_describer", &PyType_Type, &tensor_type, &PyType_Type,
+                          &parameter_type, &PyDict_Type, &dtype_names, &strided, &prefix, &add_described, &encode,
+                          &identity_plan, &PyType_Type, &enum_type))
         return NULL;
-    if (!PyCallable_Check(add_described) || !PyCallable_Check(encode)) {
-        PyErr_SetString(PyExc_TypeError, "set_describer: add_described and encode are callables");
+    if (!PyCallable_Check(add_described) || !PyCallable_Check(encode) || !PyCallable_Check(identity_plan)) {
+        PyErr_SetString(PyExc_TypeError, "set_describer: add_described, encode and identity_plan are callables");
         return NULL;
     }
-    PyObject *arg_keys = PyList_New(0), *kw_keys = PyDict_New(), *devices = PyDict_New();
-    if (arg_keys == NULL || kw_keys == NULL || devices == NULL) {
+    PyObject *arg_keys = PyList_New(0), *kw_keys = PyDict_New(), *devices = PyDict_New(), *plans = PyDict_New();
+    if (arg_keys == NULL || kw_keys == NULL || devices == NULL || plans == NULL) {
         Py_XDECREF(arg_keys);
         Py_XDECREF(kw_keys);
         Py_XDECREF(devices);
+        Py_XDECREF(plans);
         return NULL;
     }
     Py_XSETREF(describer.tensor_type, Py_NewRef(tensor_type));
@@ -478,6 +487,9 @@ static PyObject *set_describer(PyObject *module, PyObject *args) {
     Py_XSETREF(describer.arg_keys, arg_keys);
     Py_XSETREF(describer.kw_keys, kw_keys);
     Py_XSETREF(describer.devices, devices);
+    Py_XSETREF(describer.identity_plan, Py_NewRef(identity_plan));
+    Py_XSETREF(describer.plans, plans);
+    Py_XSETREF(describer.enum_type, Py_NewRef(enum_type));
     Py_CLEAR(describer.output_keys);
     Py_RETURN_NONE;
 }
@@ -760,6 +772,114 @@ static int out_tensor(Out *out, PyObject *keys, PyObject *tensor) {
     return done;
 }
 
+/* A field's text as describe/values.py's _field_text writes it: a new str,
+ * Py_None where it writes none, or NULL (an error set) where the Python path
+ * must write the value (an enum's name that is no exact str, or an error). */
+static PyObject *field_text(PyObject *field) {
+    PyTypeObject *type = Py_TYPE(field);
+    if (type == &PyBool_Type || type == &PyLong_Type || type == &PyFloat_Type)
+        return PyObject_Repr(field);
+    if (type == &PyUnicode_Type)
+        return PyUnicode_Substring(field, 0, IDENTITY_TEXT_LIMIT);
+    if (field == Py_None)
+        return Py_NewRef(Py_None);
+    int is_enum = PyObject_IsInstance(field, describer.enum_type);
+    if (is_enum <= 0)
+        return is_enum < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *name = PyObject_GetAttr(field, str_name);
+    if (name != NULL && !PyUnicode_CheckExact(name)) {
+        Py_DECREF(name);
+        PyErr_SetString(PyExc_TypeError, "an enum member's name that is not a plain str");
+        return NULL;
+    }
+    return name;
+}
+
+/* An object's plan (describe/values.py's identity_plan), borrowed: a
+ * tuple, Py_None, or NULL with an error set. Kept once given, for as many
+ * types as are kept; past that, Py_None. */
+static PyObject *plan_of(PyObject *value) {
+    PyObject *type = (PyObject *)Py_TYPE(value);
+    PyObject *plan = PyDict_GetItemWithError(describer.plans, type);
+    if (plan != NULL || PyErr_Occurred())
+        return plan;
+    if (PyDict_GET_SIZE(describer.plans) >= MAX_CACHED_PLANS)
+        return Py_None;
+    plan = PyObject_CallOneArg(describer.identity_plan, value);
+    if (plan == NULL || plan == Py_False) { /* False: not yet, asked again with the next instance */
+        Py_XDECREF(plan);
+        return plan == NULL ? NULL : Py_None;
+    }
+    if (plan != Py_None && !(PyTuple_CheckExact(plan) && PyTuple_GET_SIZE(plan) == 4 &&
+                             PyUnicode_CheckExact(PyTuple_GET_ITEM(plan, 0)) && PyTuple_CheckExact(PyTuple_GET_ITEM(plan, 1)) &&
+                             PyTuple_CheckExact(PyTuple_GET_ITEM(plan, 2)) && PyTuple_CheckExact(PyTuple_GET_ITEM(plan, 3))))
+        Py_SETREF(plan, Py_NewRef(Py_None));
+    int stored = PyDict_SetItem(describer.plans, type, plan);
+    Py_DECREF(plan);
+    return stored < 0 ? NULL : PyDict_GetItemWithError(describer.plans, type);
+}
+
+/* Whether `names` holds a key of `dict` (1, 0; -1 with an error set). */
+static int holds_any(PyObject *dict, PyObject *names) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++) {
+        int found = PyDict_Contains(dict, PyTuple_GET_ITEM(names, i));
+        if (found != 0)
+            return found;
+    }
+    return 0;
+}
+
+/* What identifies an object, by its type's plan: `Type(field=text, ...)`
+ * from its instance dict, as describe/values.py's identity (then cut and
+ * checked as record/attributes.py's _text): a new str, Py_None for the
+ * Python path (no plan, fields it shows instead, a text it mends), or NULL
+ * with an error set. */
+static PyObject *object_identity(PyObject *value) {
+    PyObject *plan = Py_XNewRef(plan_of(value)); /* held: reading fields may run Python code */
+    if (plan == NULL || plan == Py_None)
+        return plan;
+    PyObject *names = PyTuple_GET_ITEM(plan, 1), *absent = PyTuple_GET_ITEM(plan, 2), *inner = PyTuple_GET_ITEM(plan, 3);
+    PyObject *own = PyObject_GenericGetDict(value, NULL);
+    PyObject *parts = own != NULL && PyDict_CheckExact(own) ? PyList_New(0) : NULL;
+    int python = parts == NULL || holds_any(own, absent) != 0; /* its fields, or an error: the Python path */
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inner) && !python; i++) {
+        PyObject *searched = Py_XNewRef(PyDict_GetItemWithError(own, PyTuple_GET_ITEM(inner, i)));
+        python = searched != NULL ? !PyDict_CheckExact(searched) || holds_any(searched, absent) != 0 : PyErr_Occurred() != NULL;
+        Py_XDECREF(searched);
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names) && !python; i++) {
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        PyObject *field = PyDict_GetItemWithError(own, name);
+        Py_XINCREF(field);
+        PyObject *text = field != NULL ? field_text(field) : PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        Py_XDECREF(field);
+        PyObject *part = text != NULL && text != Py_None ? PyUnicode_FromFormat("%U=%U", name, text) : NULL;
+        python = text == NULL || (text != Py_None && (part == NULL || PyList_Append(parts, part) < 0));
+        Py_XDECREF(text);
+        Py_XDECREF(part);
+    }
+    Py_XDECREF(own);
+    PyObject *identity = NULL;
+    if (!python && PyList_GET_SIZE(parts) == 0) {
+        identity = Py_NewRef(PyTuple_GET_ITEM(plan, 0));
+    } else if (!python) {
+        PyObject *joined = PyUnicode_Join(str_comma, parts);
+        identity = joined != NULL ? PyUnicode_FromFormat("%U(%U)", PyTuple_GET_ITEM(plan, 0), joined) : NULL;
+        Py_XDECREF(joined);
+    }
+    Py_XDECREF(parts);
+    Py_DECREF(plan);
+    if (identity != NULL && PyUnicode_GET_LENGTH(identity) > TEXT_LIMIT)
+        Py_SETREF(identity, PyUnicode_Substring(identity, 0, TEXT_LIMIT));
+    if (identity == NULL) { /* what failed here, the Python path's own guards meet */
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
+            return NULL;
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
+    return identity;
+}
+
 /* `value` at the path of `keys` described by the Python path's own
  * function: a new dict of its attributes, or NULL with an error set. */
 static PyObject *python_described(PyObject *keys, PyObject *value) {
@@ -810,6 +930,21 @@ static int out_value(Out *out, PyObject *keys, PyObject *value) {
     }
     if (done != -2)
         return done;
+    if (describer.plans != NULL && type != &PyUnicode_Type) {
+        PyObject *identity = object_identity(value);
+        if (identity == NULL)
+            return -1;
+        size_t mark = out->size;
+        done = identity == Py_None ? -2 : out_key(out, keys, 0) < 0 ? -1 : out_text(out, identity, 0);
+        Py_DECREF(identity);
+        if (done == -1 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_UnicodeError)) {
+            PyErr_Clear(); /* a lone surrogate: the Python path mends it */
+            out->size = mark;
+            done = -2;
+        }
+        if (done != -2)
+            return done;
+    }
     /* Any other value (containers, objects, enums, tensor subclasses, long
      * strings), by the Python path's own function, for this value alone. */
     PyObject *scratch = python_described(keys, value);
@@ -1622,10 +1757,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (!str_attributes || !str_numbers)
         return NULL;
     const char *names[] = {"shape", "dtype", "is_cpu", "device", "layout", "stride", "requires_grad",
-                           "skip_self", "cpu", "None", "nan", "inf", "-inf"};
+                           "skip_self", "cpu", "None", "nan", "inf", "-inf", "name", ", "};
     PyObject **strings[] = {&str_shape, &str_dtype, &str_is_cpu, &str_device, &str_layout, &str_stride,
                             &str_requires_grad, &str_skip_self, &str_cpu, &str_none, &str_nan,
-                            &str_inf, &str_minus_inf};
+                            &str_inf, &str_minus_inf, &str_name, &str_comma};
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         if ((*strings[i] = PyUnicode_InternFromString(names[i])) == NULL)
             return NULL;

@@ -79,6 +79,47 @@ for _ in range(2):
     odd(torch.empty(0, 3), torch.ones(1, 4).t(), torch.tensor(2.0), 2**40, -2**63, 2**64, float("nan"),
         float("-inf"), "r\u00e9sum\u00e9 \u2713", "x" * 300, None, [x, w], label="na\u00efve", big=-2**40)
 
+# Objects, identified by what their own __dict__ holds (the compiled core writes those it can alone).
+import dataclasses, enum
+class Mode(enum.IntEnum):
+    DECODE = 1
+@dataclasses.dataclass
+class Batch:
+    forward_mode: Mode
+    batch_size: int
+class Layer(torch.nn.Module):
+    def __init__(self, prefix, **sizes):
+        super().__init__()
+        self.prefix, self.weight = prefix, torch.nn.Parameter(torch.ones(2))
+        self.__dict__.update(sizes)
+class Shaped(torch.nn.Module):  # a buffer named like a tensor's field: shown as SGLang's log shows it
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("shape", torch.ones(1))
+class Info:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+class Wide(Info):
+    pass
+class Slotted:
+    __slots__ = ("layer_id",)
+    def __init__(self):
+        self.layer_id = 3
+class Lazy:
+    def __getattr__(self, name):
+        return 1
+
+@sok.debug_kernel_api(op_name="sglang.custom_op.objects")
+def objects(*args, **kwargs):
+    return args[0]
+
+for size in (4, 5, 6):
+    objects(Layer("model.layers.0.mlp", input_size=128, output_size=64), Batch(Mode.DECODE, size),
+            Info(device="cpu"), Info(layer_id=size, head_dim=16.5, prefix="p" * 100), Layer("\udc80", num_heads=2),
+            Wide(prefix="\u00e9t\u00e9 " * 40, layer_id=1, input_size=2, output_size=3, num_heads=4, head_dim=5,
+                 in_features=6, out_features=7, num_embeddings=8, embedding_dim=9),
+            Shaped(), Slotted(), Lazy(), Mode.DECODE, layer=Layer("k", layer_id=True))
+
 # A CUDA graph (the tests' stand-in, through the same seam): captured, then
 # replayed alone and in a batch's context, then a device error it is blamed for.
 sys.path.insert(0, sys.argv[1])
@@ -181,11 +222,11 @@ def _report_of_a_run(tmp_path: Path, python_core: bool, level: int, blackbox: bo
     assert run.returncode == -6, run.stderr  # the abort inside sglang.custom_op.fatal
     native, recorded = run.stdout.split()
     assert native == str(not python_core)
-    # The compiled core recorded 18 of the 30 calls and replays: Python the first of each of the six kernels
+    # The compiled core recorded 20 of the 33 calls and replays: Python the first of each of the seven kernels
     # and of the replays into the file (it writes their names), the worker thread's first (it writes the
     # thread's name) and the three calls made while the graph was captured.
     # Level 3 leaves to Python what it leaves at level 1, and the three replays C took there (their hooks describe them).
-    assert int(recorded) == (0 if python_core else 18 if level == 1 else 15), run.stdout
+    assert int(recorded) == (0 if python_core else 20 if level == 1 else 17), run.stdout
     report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(folder), "--json"],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 1, report.stderr  # a crash
@@ -225,6 +266,22 @@ def test_the_same_program_gives_the_same_report_through_either_core(tmp_path, le
         assert (described["arg6"], described["arg7"]) == ("nan", "-inf")
         assert (described["arg8"], described["label"], described["arg10"]) == ("r\u00e9sum\u00e9 \u2713", "na\u00efve", "None")
         assert described["arg11.0.shape"] == (4, 8) and len(described["arg9"]) <= 200
+    objects = [_span_attributes(tmp_path / folder, "sglang.custom_op.objects") for folder in ("compiled", "python")]
+    assert objects[0] == objects[1] and len(objects[0]) == 3
+    if level == 3:
+        shown = [{key.removeprefix("sglang.kernel.input."): value for key, value in call.items()
+                  if key.startswith("sglang.kernel.input.")} for call in objects[0]]
+        assert shown[2]["arg0"] == "Layer(prefix=model.layers.0.mlp, input_size=128, output_size=64)"
+        assert [call["arg1"] for call in shown] == [f"Batch(forward_mode=DECODE, batch_size={n})" for n in (4, 5, 6)]
+        assert shown[2]["arg2"] == "Info(device=cpu)"  # a field SGLang's log shows: not its identity
+        assert shown[2]["arg3"] == f"Info(layer_id=6, prefix={'p' * 64}, head_dim=16.5)"
+        # A type's identity fields are those its first instance shown by them had; a lone surrogate mended.
+        assert shown[2]["arg4"] == "Layer(prefix=\\udc80)"
+        assert len(shown[2]["arg5"]) == 200 and shown[2]["arg5"].startswith("Wide(layer_id=1, prefix=\u00e9t\u00e9 ")
+        assert shown[2]["arg6"] == "Shaped(shape=tensor([1.]))"
+        assert (shown[2]["arg7"], shown[2]["arg8"], shown[2]["arg9"]) == \
+            ("Slotted", "Lazy(shape=1, dtype=1, device=1)", "<Mode.DECODE: 1>")  # its __getattr__ ran
+        assert shown[2]["layer"] == "Layer(prefix=k)"
     replays = [_span_attributes(tmp_path / folder, "cuda_graph.replay") for folder in ("compiled", "python")]
     assert replays[0] == replays[1]
     assert [r["sglang.cuda_graph.replay"] for r in replays[0]] == [1, 2, 3, 4]

@@ -9,6 +9,7 @@ kernel's own exception.
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 import itertools
@@ -25,7 +26,7 @@ from .._version import __version__
 from ..describe.statistics import fill_statistics, is_device_error, nonfinite_rows
 from ..notices import warn_failed_once
 from ..describe.tensors import dtype_names
-from ..describe.values import describe, tensors_in
+from ..describe.values import describe, identity_plan, tensors_in
 from .. import schema
 from ..record import attributes as _attrs
 from ..record import batches, core, tracefile
@@ -582,7 +583,7 @@ def _add_described(attrs: dict, path: str, value: Any) -> None:
 if core.native is not None:
     core.native.setup(tracefile.per_thread, *core.context_var(), parent_of, _native_failed, *compiler_flags())
     core.native.set_describer(torch.Tensor, torch.nn.Parameter, dtype_names(), torch.strided, schema.PREFIX,
-                              _add_described, tracefile.encode)
+                              _add_described, tracefile.encode, identity_plan, enum.Enum)
 
 
 def wrap_hooked(func: F, name: str, before: Before, after: After | None = None, *,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import types
 from typing import Any, Union
 
 import torch
@@ -169,6 +170,48 @@ def identity(value: Any) -> str:
     except Exception:  # no __dict__, or an attribute read that raised
         return kind.__name__
     return f"{kind.__name__}({', '.join(parts)})" if parts else kind.__name__
+
+
+# Where torch.nn.Module's __getattr__ looks for a name its instance and class lack.
+_MODULE_DICTS = ("_parameters", "_buffers", "_modules")
+
+
+def identity_plan(value: Any) -> "tuple | bool | None":
+    """How the compiled core writes, for every instance of `value`'s type,
+    what `describe` and record/attributes.py write for it (`identity`),
+    without calling Python: (the type's name, its IDENTITY_FIELDS, as its
+    first instance gave them, OBJECT_FIELDS, and the dicts of the instance
+    dict that are searched too, a torch module's). An instance that holds
+    one of OBJECT_FIELDS there goes through `describe` (its fields are shown
+    instead). None for a type whose instances always do: containers,
+    tensors, enums, primitives, and any type that could find OBJECT_FIELDS
+    by running code (its class's attributes or properties, a __getattr__
+    other than a torch module's, a __getattribute__) or has no plain __dict__.
+    False: not yet (this instance shows fields, and none of its type has
+    named its identity fields yet); ask again with the next."""
+    kind = type(value)
+    try:
+        if isinstance(value, (torch.Tensor, list, tuple, dict, enum.Enum, *_PRIMITIVES)):
+            return None
+        if kind.__getattribute__ is not object.__getattribute__:
+            return None
+        hook = getattr(kind, "__getattr__", None)
+        if hook is not None and hook is not torch.nn.Module.__getattr__:
+            return None
+        mro = kind.__mro__
+        if any(name in vars(base) for base in mro for name in OBJECT_FIELDS):
+            return None
+        slot = next((vars(base)["__dict__"] for base in mro if "__dict__" in vars(base)), None)
+        if type(slot) is not types.GetSetDescriptorType or not isinstance(kind.__name__, str):
+            return None
+        if kind not in _identity_names:
+            if _describe_object(value).fields:
+                return False  # not yet: the first instance shown by its identity names the fields
+            identity(value)  # names them, as on the Python path
+        names = _identity_names.get(kind)
+        return None if names is None else (kind.__name__, names, OBJECT_FIELDS, _MODULE_DICTS if hook else ())
+    except Exception:  # a hostile class: each instance through `describe`, which is guarded
+        return None
 
 
 def describe(value: Any, depth: int = 0) -> Node:
