@@ -880,6 +880,32 @@ static PyObject *object_identity(PyObject *value) {
     return identity;
 }
 
+/* The key at field 0 of `keys` and `text` as its value: 0, -1 past the
+ * limit or on an error to raise, -2 (nothing written) for a text with a lone
+ * surrogate, which the Python path mends. */
+static int out_keyed_text(Out *out, PyObject *keys, PyObject *text) {
+    size_t mark = out->size;
+    int done = out_key(out, keys, 0) < 0 ? -1 : out_text(out, text, 0);
+    if (done < 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_UnicodeError)) {
+        PyErr_Clear();
+        out->size = mark;
+        return -2;
+    }
+    return done;
+}
+
+/* A dict's key and value pairs in marshal's format (version 2: no
+ * back-references, so they can be spliced into another dict's): a new
+ * bytes object, or NULL with an error set. */
+static PyObject *dict_pairs(PyObject *dict) {
+    PyObject *data = PyMarshal_WriteObjectToString(dict, 2);
+    if (data == NULL)
+        return NULL;
+    /* '{', its pairs, '0': the pairs alone */
+    Py_SETREF(data, PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + 1, PyBytes_GET_SIZE(data) - 2));
+    return data;
+}
+
 /* `value` at the path of `keys` described by the Python path's own
  * function: a new dict of its attributes, or NULL with an error set. */
 static PyObject *python_described(PyObject *keys, PyObject *value) {
@@ -920,45 +946,29 @@ static int out_value(Out *out, PyObject *keys, PyObject *value) {
                : isfinite(number)        ? out_float(out, number)
                                          : out_text(out, isnan(number) ? str_nan : number > 0 ? str_inf : str_minus_inf, 0);
     } else if (type == &PyUnicode_Type && PyUnicode_GET_LENGTH(value) <= TEXT_LIMIT) {
-        size_t mark = out->size;
-        done = out_key(out, keys, 0) < 0 ? -1 : out_text(out, value, 0);
-        if (done < 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_UnicodeError)) {
-            PyErr_Clear(); /* a lone surrogate: the Python path mends it */
-            out->size = mark;
-            done = -2;
-        }
-    }
-    if (done != -2)
-        return done;
-    if (describer.plans != NULL && type != &PyUnicode_Type) {
+        done = out_keyed_text(out, keys, value);
+    } else { /* an object its type's plan lets this core identify */
         PyObject *identity = object_identity(value);
         if (identity == NULL)
             return -1;
-        size_t mark = out->size;
-        done = identity == Py_None ? -2 : out_key(out, keys, 0) < 0 ? -1 : out_text(out, identity, 0);
+        done = identity == Py_None ? -2 : out_keyed_text(out, keys, identity);
         Py_DECREF(identity);
-        if (done == -1 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_UnicodeError)) {
-            PyErr_Clear(); /* a lone surrogate: the Python path mends it */
-            out->size = mark;
-            done = -2;
-        }
-        if (done != -2)
-            return done;
     }
+    if (done != -2)
+        return done;
     /* Any other value (containers, objects, enums, tensor subclasses, long
      * strings), by the Python path's own function, for this value alone. */
     PyObject *scratch = python_described(keys, value);
-    PyObject *data = scratch != NULL ? PyMarshal_WriteObjectToString(scratch, 2) : NULL;
+    PyObject *pairs = scratch != NULL ? dict_pairs(scratch) : NULL;
     Py_XDECREF(scratch);
-    if (data == NULL) {
+    if (pairs == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_ValueError))
             return -1;
         PyErr_Clear();
         return 1;
     }
-    /* '{', its pairs, '0': the pairs alone */
-    done = out_put(out, PyBytes_AS_STRING(data) + 1, (size_t)PyBytes_GET_SIZE(data) - 2);
-    Py_DECREF(data);
+    done = out_put(out, PyBytes_AS_STRING(pairs), (size_t)PyBytes_GET_SIZE(pairs));
+    Py_DECREF(pairs);
     return done;
 }
 
@@ -1492,17 +1502,13 @@ static int recorded_init(Recorded *self, PyObject *args, PyObject *kwds) {
     if (attributes != Py_None && PyBytes_GET_SIZE(attributes)) {
         self->attributes = Py_NewRef(attributes);
         PyObject *dict = PyMarshal_ReadObjectFromString(PyBytes_AS_STRING(attributes), PyBytes_GET_SIZE(attributes));
-        PyObject *data = dict != NULL && PyDict_CheckExact(dict) ? PyMarshal_WriteObjectToString(dict, 2) : NULL;
+        self->attribute_pairs = dict != NULL && PyDict_CheckExact(dict) ? dict_pairs(dict) : NULL;
         Py_XDECREF(dict);
-        if (data == NULL) {
+        if (self->attribute_pairs == NULL) {
             PyErr_Clear();
             PyErr_SetString(PyExc_ValueError, "Recorded: a site's attributes are a marshalled dict");
             return -1;
         }
-        self->attribute_pairs = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + 1, PyBytes_GET_SIZE(data) - 2);
-        Py_DECREF(data);
-        if (self->attribute_pairs == NULL)
-            return -1;
     }
     PyObject *skip_self = PyObject_GetAttr(site, str_skip_self);
     self->skip_self = skip_self != NULL && PyObject_IsTrue(skip_self) == 1;
