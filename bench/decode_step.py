@@ -1,7 +1,8 @@
 """What recording costs one decode step of SGLang's tiny Llama, in-process:
 the calls and arguments a level-3 trace file of the real server shows for a
 step (24 kernel calls, 64 tensors, 18 objects: linear layers, attention
-layers, ForwardBatch, the sampler's inputs), made with plain stand-ins, so
+layers, ForwardBatch, the sampler's inputs; 6 tuples of two tensors that
+norms and the rotary embedding return), made with plain stand-ins, so
 that the recording path is measured without a server's noise.
 
     python bench/decode_step.py [--rounds 5] [--steps 400]
@@ -78,6 +79,8 @@ x, ids = torch.ones(1, 64), torch.ones(1, dtype=torch.long)
 
 linear = sok.debug_kernel_api(op_name="sglang.quant_method.UnquantizedLinearMethod.apply")(lambda layer, x, bias=None: x)
 fused = sok.debug_kernel_api(op_name="kernels.fused_op.BaseFusedOp.forward")(lambda a, b, c=None: a)
+# A norm with its residual, a rotary embedding: the six tuples of two tensors a step returns.
+paired = sok.debug_kernel_api(op_name="kernels.fused_op.BaseFusedOp.forward")(lambda a, b, c=None: (a, b))
 attend = sok.debug_kernel_api(op_name="srt.layers.attention.base_attn_backend.AttentionBackend.forward")(
     lambda q, k, v, layer, batch, save: q)
 embed = sok.debug_kernel_api(op_name="sglang.quant_method.UnquantizedEmbeddingMethod.embedding")(lambda layer, ids: x)
@@ -89,17 +92,16 @@ given = (lambda value: value) if with_objects else (lambda value: None)
 def step():
     embed(given(embedding_layer), ids)
     for n in range(2):
-        fused(x, x, x)
-        fused(x, x)
+        (paired if n else fused)(x, x, x)
         linear(given(linears[n]), x, bias=None)
+        paired(x, x)
         attend(x, x, x, given(attention[n]), given(batch), True)
         linear(given(linears[2 + n]), x, bias=None)
-        fused(x, x, x)
-        fused(x, x)
+        paired(x, x, x)
         linear(given(linears[4 + n]), x, bias=None)
         fused(x, x)
         linear(given(linears[6 + n]), x, bias=None)
-    fused(x, x)
+    paired(x, x, x)
     logits(ids, x, given(head), given(batch), None)
     sample(given(logits_output), given(sampling), False, None, None)
 

@@ -44,6 +44,11 @@
 #define FLAG_PARENT_SAMPLED 8
 #define FLAG_GRAPH_REPLAY 128
 #define MARSHAL_VERSION 4
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
 #define MAX_INLINE_EXTRA 4096 /* a replay's or a call's attributes copied here; larger ones go through Python */
 #define MAX_DESCRIBED_ARGS 64  /* a call with more arguments goes through Python */
 #define TEXT_LIMIT 200         /* a string attribute's characters (attributes.py: REPR_LIMIT) */
@@ -52,6 +57,7 @@
 #define MAX_CACHED_DEVICES 256
 #define MAX_CACHED_PLANS 1024  /* object types whose identity_plan is kept */
 #define MAX_DIMS 64 /* a tensor of more dimensions is described by the Python path */
+#define MAX_SEQUENCE_ITEMS 4 /* a list's or tuple's items described (values.py) */
 #define MAX_DESCRIBED_OUTPUT (1 << 20) /* a result's metadata written here; larger, as the Python path encodes it */
 
 /* -- CRC-32 (zlib's polynomial), slicing by 8 ----------------------------- */
@@ -307,8 +313,7 @@ static PyObject *str_span_processors, *str_seen, *str_targets;
 static PyObject *str_state, *str_provider, *str_processors, *str_symbols, *str_write_record, *str_flag, *one;
 static PyObject *str_attributes, *str_numbers;
 static PyObject *str_shape, *str_dtype, *str_is_cpu, *str_device, *str_layout, *str_stride,
-    *str_requires_grad, *str_skip_self, *str_cpu, *str_none, *str_nan, *str_inf, *str_minus_inf, *str_name,
-    *str_comma;
+    *str_requires_grad, *str_skip_self, *str_cpu, *str_none, *str_nan, *str_inf, *str_minus_inf, *str_name;
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -520,10 +525,9 @@ static void out_free(Out *out) {
         PyMem_Free(out->data);
 }
 
-/* Room for `n` more bytes: 0, or -1 past the limit (no error set) or on a MemoryError. */
-static int out_room(Out *out, size_t n) {
-    if (out->capacity - out->size >= n)
-        return 0;
+/* Room for `n` more bytes, once the buffer is full: 0, or -1 past the
+ * limit (no error set) or on a MemoryError. */
+static int out_grow(Out *out, size_t n) {
     if (out->size + n > out->limit)
         return -1;
     size_t capacity = out->capacity * 2 > out->size + n ? out->capacity * 2 : out->size + n;
@@ -539,8 +543,10 @@ static int out_room(Out *out, size_t n) {
     return 0;
 }
 
-static int out_put(Out *out, const void *bytes, size_t n) {
-    if (out_room(out, n) < 0)
+/* Inlined: most writes are a few bytes of a size known here (a type code
+ * and its length), which a copy of that size writes without calling memcpy. */
+static ALWAYS_INLINE int out_put(Out *out, const void *bytes, size_t n) {
+    if (out->capacity - out->size < n && out_grow(out, n) < 0)
         return -1;
     memcpy(out->data + out->size, bytes, n);
     out->size += n;
@@ -573,20 +579,23 @@ static int out_float(Out *out, double value) {
     return out_put(out, item, 9);
 }
 
+/* `n` bytes of UTF-8 (`ascii`: all ASCII) as a str. */
+static int out_utf8(Out *out, const char *utf8, size_t n, int ascii, int interned) {
+    if (ascii && n < 256) {
+        unsigned char head[2] = {interned ? 'Z' : 'z', (unsigned char)n};
+        if (out_put(out, head, 2) < 0)
+            return -1;
+    } else if (out_type(out, ascii ? 'a' : 'u', (uint32_t)n) < 0) {
+        return -1;
+    }
+    return out_put(out, utf8, n);
+}
+
 /* A str whose UTF-8 can be had (else -1, with the error set). */
 static int out_text(Out *out, PyObject *text, int interned) {
     Py_ssize_t n;
     const char *utf8 = PyUnicode_AsUTF8AndSize(text, &n);
-    if (utf8 == NULL)
-        return -1;
-    if (PyUnicode_IS_ASCII(text) && n < 256) {
-        unsigned char head[2] = {interned ? 'Z' : 'z', (unsigned char)n};
-        if (out_put(out, head, 2) < 0)
-            return -1;
-    } else if (out_type(out, PyUnicode_IS_ASCII(text) ? 'a' : 'u', (uint32_t)n) < 0) {
-        return -1;
-    }
-    return out_put(out, utf8, (size_t)n);
+    return utf8 == NULL ? -1 : out_utf8(out, utf8, (size_t)n, PyUnicode_IS_ASCII(text), interned);
 }
 
 /* A shape's or a stride's items into `values`: how many, or -1 where one
@@ -623,12 +632,17 @@ static int out_ints(Out *out, const long long *values, Py_ssize_t n) {
 
 /* The attribute keys of a value at `path` (`input.arg0`, `output`): its own
  * and those of a tensor's fields, in the order the Python path writes them,
- * each as marshal data (bytes); the path itself last, for the Python path's function. */
+ * each as marshal data (bytes); then the path itself, for the Python path's
+ * function; last, a list its items' keys are kept in once asked (item_keys). */
 static PyObject *keys_of(PyObject *path) {
     static const char *fields[] = {"", ".shape", ".dtype", ".device", ".stride", ".contiguous", ".requires_grad"};
-    PyObject *keys = PyTuple_New(8);
-    if (keys == NULL)
+    PyObject *keys = PyTuple_New(9), *items = PyList_New(0);
+    if (keys == NULL || items == NULL) {
+        Py_XDECREF(keys);
+        Py_XDECREF(items);
         return NULL;
+    }
+    PyTuple_SET_ITEM(keys, 8, items);
     for (int i = 0; i < 7; i++) {
         PyObject *key = PyUnicode_FromFormat("%U%U%s", describer.prefix, path, fields[i]);
         Out out;
@@ -662,6 +676,22 @@ static PyObject *arg_keys(Py_ssize_t index) {
         Py_DECREF(keys);
     }
     return PyList_GET_ITEM(describer.arg_keys, index);
+}
+
+/* A borrowed reference to the keys of item `index` of the value at `keys`. */
+static PyObject *item_keys(PyObject *keys, Py_ssize_t index) {
+    PyObject *items = PyTuple_GET_ITEM(keys, 8);
+    while (PyList_GET_SIZE(items) <= index) {
+        PyObject *path = PyUnicode_FromFormat("%U.%zd", PyTuple_GET_ITEM(keys, 7), PyList_GET_SIZE(items));
+        PyObject *item = path != NULL ? keys_of(path) : NULL;
+        Py_XDECREF(path);
+        if (item == NULL || PyList_Append(items, item) < 0) {
+            Py_XDECREF(item);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return PyList_GET_ITEM(items, index);
 }
 
 /* The keys of keyword argument `name`: a new reference. */
@@ -772,29 +802,6 @@ static int out_tensor(Out *out, PyObject *keys, PyObject *tensor) {
     return done;
 }
 
-/* A field's text as describe/values.py's _field_text writes it: a new str,
- * Py_None where it writes none, or NULL (an error set) where the Python path
- * must write the value (an enum's name that is no exact str, or an error). */
-static PyObject *field_text(PyObject *field) {
-    PyTypeObject *type = Py_TYPE(field);
-    if (type == &PyBool_Type || type == &PyLong_Type || type == &PyFloat_Type)
-        return PyObject_Repr(field);
-    if (type == &PyUnicode_Type)
-        return PyUnicode_Substring(field, 0, IDENTITY_TEXT_LIMIT);
-    if (field == Py_None)
-        return Py_NewRef(Py_None);
-    int is_enum = PyObject_IsInstance(field, describer.enum_type);
-    if (is_enum <= 0)
-        return is_enum < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *name = PyObject_GetAttr(field, str_name);
-    if (name != NULL && !PyUnicode_CheckExact(name)) {
-        Py_DECREF(name);
-        PyErr_SetString(PyExc_TypeError, "an enum member's name that is not a plain str");
-        return NULL;
-    }
-    return name;
-}
-
 /* An object's plan (describe/values.py's identity_plan), borrowed: a
  * tuple, Py_None, or NULL with an error set. Kept once given, for as many
  * types as are kept; past that, Py_None. */
@@ -821,7 +828,7 @@ static PyObject *plan_of(PyObject *value) {
 
 /* Whether `names` holds a key of `dict` (1, 0; -1 with an error set). */
 static int holds_any(PyObject *dict, PyObject *names) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names) && PyDict_GET_SIZE(dict) > 0; i++) {
         int found = PyDict_Contains(dict, PyTuple_GET_ITEM(names, i));
         if (found != 0)
             return found;
@@ -829,55 +836,146 @@ static int holds_any(PyObject *dict, PyObject *names) {
     return 0;
 }
 
-/* What identifies an object, by its type's plan: `Type(field=text, ...)`
- * from its instance dict, as describe/values.py's identity (then cut and
- * checked as record/attributes.py's _text): a new str, Py_None for the
- * Python path (no plan, fields it shows instead, a text it mends), or NULL
- * with an error set. */
-static PyObject *object_identity(PyObject *value) {
-    PyObject *plan = Py_XNewRef(plan_of(value)); /* held: reading fields may run Python code */
-    if (plan == NULL || plan == Py_None)
-        return plan;
-    PyObject *names = PyTuple_GET_ITEM(plan, 1), *absent = PyTuple_GET_ITEM(plan, 2), *inner = PyTuple_GET_ITEM(plan, 3);
-    PyObject *own = PyObject_GenericGetDict(value, NULL);
-    PyObject *parts = own != NULL && PyDict_CheckExact(own) ? PyList_New(0) : NULL;
-    int python = parts == NULL || holds_any(own, absent) != 0; /* its fields, or an error: the Python path */
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inner) && !python; i++) {
-        PyObject *searched = Py_XNewRef(PyDict_GetItemWithError(own, PyTuple_GET_ITEM(inner, i)));
-        python = searched != NULL ? !PyDict_CheckExact(searched) || holds_any(searched, absent) != 0 : PyErr_Occurred() != NULL;
-        Py_XDECREF(searched);
+/* `value` in decimal, written backwards from `end` (room for 20 bytes before it): where it begins. */
+static char *decimal(char *end, long long value) {
+    unsigned long long magnitude = value < 0 ? 0ULL - (unsigned long long)value : (unsigned long long)value;
+    do
+        *--end = (char)('0' + magnitude % 10);
+    while (magnitude /= 10);
+    if (value < 0)
+        *--end = '-';
+    return end;
+}
+
+/* An identity's text, built in place as UTF-8 and cut at TEXT_LIMIT
+ * characters, as record/attributes.py's _text cuts a text. */
+typedef struct {
+    char data[4 * TEXT_LIMIT];
+    size_t size;
+    Py_ssize_t chars;
+    int ascii;
+} Text;
+
+/* Appends the first `limit` characters of `n` bytes of UTF-8, or as many of them as fit. */
+static void text_put(Text *text, const char *utf8, size_t n, Py_ssize_t limit) {
+    size_t end = 0;
+    for (Py_ssize_t c = 0; end < n && c < limit && text->chars < TEXT_LIMIT; c++, text->chars++)
+        if ((unsigned char)utf8[end++] >= 0x80) {
+            text->ascii = 0;
+            while (end < n && ((unsigned char)utf8[end] & 0xC0) == 0x80)
+                end++;
+        }
+    memcpy(text->data + text->size, utf8, end);
+    text->size += end;
+}
+
+/* A str's first `limit` characters: 0, or -1 with an error set (a lone
+ * surrogate, whose text the Python path mends). */
+static int text_put_str(Text *text, PyObject *str, Py_ssize_t limit) {
+    Py_ssize_t n;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(str, &n);
+    if (utf8 == NULL)
+        return -1;
+    text_put(text, utf8, (size_t)n, limit);
+    return 0;
+}
+
+/* `name=text` for a field, as describe/values.py's identity writes one
+ * (its text as _field_text writes it), after `(` or `, `: 1 written, 0
+ * where it writes none, -1 with an error set where the Python path must
+ * write the value (an enum's name that is no exact str, or an error). */
+static int text_field(Text *text, PyObject *name, PyObject *field, int first) {
+    PyTypeObject *type = Py_TYPE(field);
+    PyObject *owned = NULL; /* the text as a str, where it is not written from `utf8` alone */
+    char number[32];
+    const char *utf8 = NULL;
+    Py_ssize_t size = 0, limit = TEXT_LIMIT;
+    if (type == &PyBool_Type) {
+        utf8 = field == Py_True ? "True" : "False";
+        size = (Py_ssize_t)strlen(utf8);
+    } else if (type == &PyLong_Type) {
+        int overflow;
+        long long value = PyLong_AsLongLongAndOverflow(field, &overflow);
+        if (value == -1 && PyErr_Occurred())
+            return -1;
+        if (overflow) {
+            owned = PyObject_Repr(field);
+        } else {
+            utf8 = decimal(number + sizeof(number), value);
+            size = number + sizeof(number) - utf8;
+        }
+    } else if (type == &PyFloat_Type) {
+        owned = PyObject_Repr(field);
+    } else if (type == &PyUnicode_Type) {
+        owned = Py_NewRef(field);
+        limit = IDENTITY_TEXT_LIMIT;
+    } else if (field == Py_None) {
+        return 0;
+    } else {
+        int is_enum = PyType_IsSubtype(type, (PyTypeObject *)describer.enum_type) ||
+                      PyObject_IsInstance(field, describer.enum_type); /* (one whose __class__ says so) */
+        if (is_enum <= 0)
+            return is_enum;
+        owned = PyObject_GetAttr(field, str_name);
+        if (owned != NULL && !PyUnicode_CheckExact(owned)) {
+            Py_DECREF(owned);
+            PyErr_SetString(PyExc_TypeError, "an enum member's name that is not a plain str");
+            return -1;
+        }
     }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names) && !python; i++) {
-        PyObject *name = PyTuple_GET_ITEM(names, i);
-        PyObject *field = PyDict_GetItemWithError(own, name);
-        Py_XINCREF(field);
-        PyObject *text = field != NULL ? field_text(field) : PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-        Py_XDECREF(field);
-        PyObject *part = text != NULL && text != Py_None ? PyUnicode_FromFormat("%U=%U", name, text) : NULL;
-        python = text == NULL || (text != Py_None && (part == NULL || PyList_Append(parts, part) < 0));
-        Py_XDECREF(text);
-        Py_XDECREF(part);
+    /* the value's UTF-8 first: nothing of the field written where it fails */
+    if (utf8 == NULL && (owned == NULL || (utf8 = PyUnicode_AsUTF8AndSize(owned, &size)) == NULL)) {
+        Py_XDECREF(owned);
+        return -1;
+    }
+    text_put(text, first ? "(" : ", ", first ? 1 : 2, 2);
+    text_put_str(text, name, TEXT_LIMIT); /* an IDENTITY_FIELDS name: ASCII */
+    text_put(text, "=", 1, 1);
+    text_put(text, utf8, (size_t)size, limit);
+    Py_XDECREF(owned);
+    return 1;
+}
+
+/* What identifies an object, by its type's plan, written at `keys`:
+ * `Type(field=text, ...)` from its instance dict, as describe/values.py's
+ * identity writes it, cut as record/attributes.py's _text cuts it. 0, -1
+ * past the limit or on an error to raise, -2 (nothing written) for the
+ * Python path: no plan, fields it shows instead, a text it mends. */
+static int out_identity(Out *out, PyObject *keys, PyObject *value) {
+    PyObject *plan = Py_XNewRef(plan_of(value)); /* held: reading fields may run Python code */
+    int python = plan == NULL || plan == Py_None;
+    PyObject *own = !python ? PyObject_GenericGetDict(value, NULL) : NULL;
+    Text text = {.size = 0, .chars = 0, .ascii = 1};
+    int fields = 0;
+    if (!python) { /* its fields, or an error: the Python path */
+        PyObject *names = PyTuple_GET_ITEM(plan, 1), *absent = PyTuple_GET_ITEM(plan, 2), *inner = PyTuple_GET_ITEM(plan, 3);
+        python = own == NULL || !PyDict_CheckExact(own) || holds_any(own, absent) != 0;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inner) && !python; i++) {
+            PyObject *searched = Py_XNewRef(PyDict_GetItemWithError(own, PyTuple_GET_ITEM(inner, i)));
+            python = searched != NULL ? !PyDict_CheckExact(searched) || holds_any(searched, absent) != 0 : PyErr_Occurred() != NULL;
+            Py_XDECREF(searched);
+        }
+        python = python || text_put_str(&text, PyTuple_GET_ITEM(plan, 0), TEXT_LIMIT) < 0;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names) && !python; i++) {
+            PyObject *name = PyTuple_GET_ITEM(names, i);
+            PyObject *field = Py_XNewRef(PyDict_GetItemWithError(own, name));
+            int written = field != NULL ? text_field(&text, name, field, fields == 0) : PyErr_Occurred() ? -1 : 0;
+            Py_XDECREF(field);
+            python = written < 0;
+            fields += written > 0;
+        }
     }
     Py_XDECREF(own);
-    PyObject *identity = NULL;
-    if (!python && PyList_GET_SIZE(parts) == 0) {
-        identity = Py_NewRef(PyTuple_GET_ITEM(plan, 0));
-    } else if (!python) {
-        PyObject *joined = PyUnicode_Join(str_comma, parts);
-        identity = joined != NULL ? PyUnicode_FromFormat("%U(%U)", PyTuple_GET_ITEM(plan, 0), joined) : NULL;
-        Py_XDECREF(joined);
-    }
-    Py_XDECREF(parts);
-    Py_DECREF(plan);
-    if (identity != NULL && PyUnicode_GET_LENGTH(identity) > TEXT_LIMIT)
-        Py_SETREF(identity, PyUnicode_Substring(identity, 0, TEXT_LIMIT));
-    if (identity == NULL) { /* what failed here, the Python path's own guards meet */
+    Py_XDECREF(plan);
+    if (python) { /* what failed here, the Python path's own guards meet */
         if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
-            return NULL;
+            return -1;
         PyErr_Clear();
-        return Py_NewRef(Py_None);
+        return -2;
     }
-    return identity;
+    if (fields)
+        text_put(&text, ")", 1, 1);
+    return out_key(out, keys, 0) < 0 || out_utf8(out, text.data, text.size, text.ascii, 0) < 0 ? -1 : 0;
 }
 
 /* The key at field 0 of `keys` and `text` as its value: 0, -1 past the
@@ -919,6 +1017,43 @@ static PyObject *python_described(PyObject *keys, PyObject *value) {
     return attributes;
 }
 
+static int out_value(Out *out, PyObject *keys, PyObject *value);
+
+/* A plain list or tuple as describe/values.py describes one that is an
+ * argument or a result: `list[N]` or `tuple[N]`, then its first
+ * MAX_SEQUENCE_ITEMS items, each at its index's path. -2 (nothing written)
+ * where one of those is a container, whose own items the Python path elides;
+ * else as out_value. */
+static int out_sequence(Out *out, PyObject *keys, PyObject *value) {
+    int is_list = PyList_CheckExact(value);
+    Py_ssize_t count = is_list ? PyList_GET_SIZE(value) : PyTuple_GET_SIZE(value);
+    Py_ssize_t n = count < MAX_SEQUENCE_ITEMS ? count : MAX_SEQUENCE_ITEMS;
+    PyObject *items[MAX_SEQUENCE_ITEMS];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = is_list ? PyList_GET_ITEM(value, i) : PyTuple_GET_ITEM(value, i);
+        if (PyList_Check(item) || PyTuple_Check(item) || PyDict_Check(item))
+            return -2;
+    }
+    /* Held, as the Python path's slice holds them: describing an item may run
+     * Python code (a plan, the Python path) that changes the list. */
+    for (Py_ssize_t i = 0; i < n; i++)
+        items[i] = Py_NewRef(is_list ? PyList_GET_ITEM(value, i) : PyTuple_GET_ITEM(value, i));
+    char head[40], *at = head + sizeof(head);
+    *--at = ']';
+    at = decimal(at, (long long)count);
+    *--at = '[';
+    at -= is_list ? 4 : 5;
+    memcpy(at, is_list ? "list" : "tuple", is_list ? 4 : 5);
+    int done = out_key(out, keys, 0) < 0 || out_utf8(out, at, (size_t)(head + sizeof(head) - at), 1, 0) < 0 ? -1 : 0;
+    for (Py_ssize_t i = 0; i < n && done == 0; i++) {
+        PyObject *inner = item_keys(keys, i);
+        done = inner != NULL ? out_value(out, inner, items[i]) : -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF(items[i]);
+    return done;
+}
+
 /* `value` at the path of `keys`, as record/attributes.py writes it (level 3:
  * no statistics): 0, or -1 past the limit (no error set) or on an error to
  * raise; 1 where the Python path's attributes are data marshal refuses. */
@@ -947,12 +1082,10 @@ static int out_value(Out *out, PyObject *keys, PyObject *value) {
                                          : out_text(out, isnan(number) ? str_nan : number > 0 ? str_inf : str_minus_inf, 0);
     } else if (type == &PyUnicode_Type && PyUnicode_GET_LENGTH(value) <= TEXT_LIMIT) {
         done = out_keyed_text(out, keys, value);
+    } else if (type == &PyList_Type || type == &PyTuple_Type) {
+        done = out_sequence(out, keys, value);
     } else { /* an object its type's plan lets this core identify */
-        PyObject *identity = object_identity(value);
-        if (identity == NULL)
-            return -1;
-        done = identity == Py_None ? -2 : out_keyed_text(out, keys, identity);
-        Py_DECREF(identity);
+        done = out_identity(out, keys, value);
     }
     if (done != -2)
         return done;
@@ -1268,8 +1401,13 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         (describe && (self->level > core.described_upto || self->replays != NULL || describer.add_described == NULL)) ||
         core.ring == NULL || core.ring->inline_end < 0 || !spans_ready())
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
-    /* First, as it may run Python code (the Python path's function for an
-     * object): nothing of the ring's or the thread's is read before. */
+    /* A kernel's first call into this file goes through Python, which writes
+     * its name: before describing, which would otherwise run twice (and an
+     * object's Python code with it). */
+    if (site_symbol(self) == 0)
+        return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    /* Then describing, as it may run Python code (the Python path's function
+     * for an object): nothing else of the ring's or the thread's is read before. */
     Out opening; /* the KERNEL_SPAN record: its fixed fields, then its attributes */
     out_init(&opening, KERNEL_SPAN_SIZE + MAX_INLINE_EXTRA);
     opening.size = KERNEL_SPAN_SIZE;
@@ -1287,7 +1425,7 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
             return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
         }
     }
-    unsigned long symbol = site_symbol(self);
+    unsigned long symbol = site_symbol(self); /* again: the ring may have changed while describing */
     if (symbol == 0) {
         out_free(&opening);
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
@@ -1763,10 +1901,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (!str_attributes || !str_numbers)
         return NULL;
     const char *names[] = {"shape", "dtype", "is_cpu", "device", "layout", "stride", "requires_grad",
-                           "skip_self", "cpu", "None", "nan", "inf", "-inf", "name", ", "};
+                           "skip_self", "cpu", "None", "nan", "inf", "-inf", "name"};
     PyObject **strings[] = {&str_shape, &str_dtype, &str_is_cpu, &str_device, &str_layout, &str_stride,
                             &str_requires_grad, &str_skip_self, &str_cpu, &str_none, &str_nan,
-                            &str_inf, &str_minus_inf, &str_name, &str_comma};
+                            &str_inf, &str_minus_inf, &str_name};
     for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
         if ((*strings[i] = PyUnicode_InternFromString(names[i])) == NULL)
             return NULL;

@@ -101,6 +101,8 @@ class Info:
         self.__dict__.update(fields)
 class Wide(Info):
     pass
+class Counted(Info):
+    pass
 class Slotted:
     __slots__ = ("layer_id",)
     def __init__(self):
@@ -118,7 +120,27 @@ for size in (4, 5, 6):
             Info(device="cpu"), Info(layer_id=size, head_dim=16.5, prefix="p" * 100), Layer("\udc80", num_heads=2),
             Wide(prefix="\u00e9t\u00e9 " * 40, layer_id=1, input_size=2, output_size=3, num_heads=4, head_dim=5,
                  in_features=6, out_features=7, num_embeddings=8, embedding_dim=9),
-            Shaped(), Slotted(), Lazy(), Mode.DECODE, layer=Layer("k", layer_id=True))
+            Shaped(), Slotted(), Lazy(), Mode.DECODE, layer=Layer("k", layer_id=True),
+            counted=Counted(batch_size=2**70 + size, layer_id=-12, num_heads=False))
+
+# Lists and tuples: those of plain items the compiled core writes itself, item by item; those
+# holding containers (whose items are elided) and subclasses (a namedtuple, torch.Size) go through Python.
+import collections
+Pair = collections.namedtuple("Pair", "a b")
+shared = []
+class Clearing:  # describing it empties the list it sits in
+    def __getattr__(self, name):
+        shared.clear()
+        raise AttributeError(name)
+
+@sok.debug_kernel_api(op_name="sglang.custom_op.sequences")
+def sequences(*args, **kwargs):
+    return args[0]
+
+for _ in range(2):
+    shared[:] = [Clearing(), x, 3, None, w]
+    sequences((x, w), [x, 1.5, "s", None, w, w], [], (Batch(Mode.DECODE, 2), Mode.DECODE), [[x], (w,)],
+              Pair(x, w), x.shape, shared, ids=[x] * 300)
 
 # A CUDA graph (the tests' stand-in, through the same seam): captured, then
 # replayed alone and in a batch's context, then a device error it is blamed for.
@@ -222,11 +244,11 @@ def _report_of_a_run(tmp_path: Path, python_core: bool, level: int, blackbox: bo
     assert run.returncode == -6, run.stderr  # the abort inside sglang.custom_op.fatal
     native, recorded = run.stdout.split()
     assert native == str(not python_core)
-    # The compiled core recorded 20 of the 33 calls and replays: Python the first of each of the seven kernels
+    # The compiled core recorded 21 of the 35 calls and replays: Python the first of each of the eight kernels
     # and of the replays into the file (it writes their names), the worker thread's first (it writes the
     # thread's name) and the three calls made while the graph was captured.
     # Level 3 leaves to Python what it leaves at level 1, and the three replays C took there (their hooks describe them).
-    assert int(recorded) == (0 if python_core else 20 if level == 1 else 17), run.stdout
+    assert int(recorded) == (0 if python_core else 21 if level == 1 else 18), run.stdout
     report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(folder), "--json"],
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 1, report.stderr  # a crash
@@ -282,6 +304,24 @@ def test_the_same_program_gives_the_same_report_through_either_core(tmp_path, le
         assert (shown[2]["arg7"], shown[2]["arg8"], shown[2]["arg9"]) == \
             ("Slotted", "Lazy(shape=1, dtype=1, device=1)", "<Mode.DECODE: 1>")  # its __getattr__ ran
         assert shown[2]["layer"] == "Layer(prefix=k)"
+        assert shown[2]["counted"] == f"Counted(batch_size={2**70 + 6}, layer_id=-12, num_heads=False)"
+    sequences = [_span_attributes(tmp_path / folder, "sglang.custom_op.sequences") for folder in ("compiled", "python")]
+    assert sequences[0] == sequences[1] and len(sequences[0]) == 2
+    if level == 3:
+        shown = {key.removeprefix("sglang.kernel."): value for key, value in sequences[0][1].items()}
+        assert (shown["input.arg0"], shown["input.arg0.1.shape"], shown["output"], shown["output.0.shape"]) == \
+            ("tuple[2]", (8,), "tuple[2]", (4, 8))
+        assert (shown["input.arg1"], shown["input.arg1.1"], shown["input.arg1.2"], shown["input.arg1.3"]) == \
+            ("list[6]", 1.5, "s", "None")
+        assert "input.arg1.3.shape" not in shown and "input.arg1.4.shape" not in shown  # the first 4 items
+        assert shown["input.arg2"] == "list[0]" and not any(key.startswith("input.arg2.") for key in shown)
+        assert (shown["input.arg3.0"], shown["input.arg3.1"]) == ("Batch(forward_mode=DECODE, batch_size=2)", "<Mode.DECODE: 1>")
+        assert (shown["input.arg4"], shown["input.arg4.0"], shown["input.arg4.0.0"]) == ("list[2]", "list[1]", "Tensor(...)")
+        assert (shown["input.arg5"], shown["input.arg6"], shown["input.arg6.0"]) == ("tuple[2]", "tuple[2]", 4)
+        # All four items the call was given, though describing the first emptied the list.
+        assert (shown["input.arg7"], shown["input.arg7.0"], shown["input.arg7.2"]) == ("list[5]", "Clearing", 3)
+        assert shown["input.arg7.1.shape"] == (4, 8)
+        assert shown["input.ids"] == "list[300]" and "input.ids.4.shape" not in shown
     replays = [_span_attributes(tmp_path / folder, "cuda_graph.replay") for folder in ("compiled", "python")]
     assert replays[0] == replays[1]
     assert [r["sglang.cuda_graph.replay"] for r in replays[0]] == [1, 2, 3, 4]
