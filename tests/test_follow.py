@@ -313,6 +313,12 @@ def test_an_application_provider_gets_kernel_spans_or_leaves_them_to_the_sidecar
     assert all(k["trace_id"] == request["trace_id"] and k["parent_span_id"] == request["span_id"] for k in kernels)
     if sidecar == "1":  # handed to the application's processors, no sidecar
         assert by_sidecar == []
+        # The application's resource names no process; the kernel spans carry this one's under it (the
+        # application's own span keeps its resource): a report read from the back end tells processes apart.
+        [pid] = {k["resource"]["process.pid"] for k in kernels}
+        assert all(k["resource"]["service.name"] == request["resource"]["service.name"] for k in kernels)
+        assert "host.name" in kernels[0]["resource"] and "process.pid" not in request["resource"]
+        assert [p.name for p in tmp_path.glob("trace_*.sgltrace")] == [f"trace_{pid}.sgltrace"]
     else:  # exported by the sidecar, the application's request span by the application alone
         assert [s["name"] for s in own] == ["request"] and len(by_sidecar) == 5
         # Listed as delivered: a replay to the sidecar's endpoint sends none of them again. (The file holds
@@ -323,6 +329,33 @@ def test_an_application_provider_gets_kernel_spans_or_leaves_them_to_the_sidecar
                                 receiver.endpoint], capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stderr
         assert "replayed 0 spans" in again.stdout and "left out 6 spans" in again.stdout, again.stdout
+
+
+def test_batch_spans_on_an_application_provider_carry_the_process_as_kernel_spans_do(tmp_path):
+    """SGLang's --enable-trace provider names no process in its resource: the
+    batch span and the kernel calls this package makes through it carry this
+    process's pid and host under the application's resource, so a report
+    read from the back end puts the batch with its calls; the application's
+    own span keeps its resource."""
+    application = GrpcReceiver()
+    env = clean_env()
+    env.update(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="0",
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"))
+    program = APP_WITH_PROVIDER.replace("    for _ in range(5):\n        step(torch.ones(2))",
+                                        "    with sok.forward_batch([{}], name='decode_batch'):\n        step(torch.ones(2))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", program, application.endpoint], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        got = application.wait_for(lambda spans: len(spans) >= 3)
+    finally:
+        application.stop()
+    by_name = {span["name"]: span for span in got}
+    [path] = tmp_path.glob("trace_*.sgltrace")
+    for name in ("decode_batch", "sglang.custom_op.step"):
+        assert path.name == f"trace_{by_name[name]['resource']['process.pid']}.sgltrace", by_name[name]["resource"]
+        assert by_name[name]["resource"]["service.name"] == by_name["request"]["resource"]["service.name"]
+    assert "process.pid" not in by_name["request"]["resource"]
 
 
 class _ScriptedBackEnd:

@@ -156,3 +156,17 @@ def test_without_the_sdks_processor_list_kernel_spans_reach_its_exporters_and_th
     assert exported["k"].attributes["sglang.kernel.input.arg0.shape"] == (2,)
     sok.configure(trace_file="off")
     assert sorted(span.name for span in sok.read_trace(path)) == ["k", "request"]
+
+
+def test_a_tracer_makes_its_spans_with_the_resource_it_keeps():
+    """record/setup.py: carry_process gives our tracer of an application's
+    provider another resource than the provider's."""
+    from opentelemetry.sdk.resources import Resource
+
+    provider = TracerProvider(resource=Resource({"service.name": "app"}))
+    tracer = provider.get_tracer("t", "1")
+    assert tracer.resource is provider.resource
+    tracer.resource = Resource({"service.name": "app", "process.pid": 7})
+    span = tracer.start_span("s")
+    span.end()
+    assert span.resource.attributes["process.pid"] == 7 and "process.pid" not in provider.resource.attributes

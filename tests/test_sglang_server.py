@@ -262,6 +262,16 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
     assert any(log_field["value"] == "IndexError" for log in errors[EMBEDDING]["logs"]
                for log_field in log["fields"] if log_field["key"] == "exception.type")
 
+    # The Collector's archive, read as an engineer reads it after the fact: the kernel spans went out through
+    # SGLang's own provider, whose resource names no process; they and the batch spans carry the scheduler's
+    # pid and host.
+    collector.stop()  # its file exporter writes at shutdown
+    archived = report(collector.archive)
+    assert archived.returncode == 1, archived.stdout + archived.stderr
+    assert f": pid {scheduler} on " in archived.stdout and "pid None" not in archived.stdout, archived.stdout
+    assert archived.stdout.splitlines()[0] == lines[0], archived.stdout  # the batch, as from the file
+    assert "Failed batches (1):" in archived.stdout and "serving request bad-req-1" in archived.stdout
+
 
 def _jaeger_trace(jaeger: Jaeger, trace_id: int) -> "dict | None":
     found = get(f"{jaeger.query}/api/traces/{trace_id:032x}")

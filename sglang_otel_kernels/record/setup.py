@@ -21,6 +21,7 @@ import weakref
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Tracer as SDKTracer
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
@@ -43,15 +44,17 @@ _sigterm_before = None  # Python's SIGTERM handler when ours was registered (Non
 _writer_settings: "tuple | None" = None  # those of the current writer (follow_trace_file)
 
 
-def default_resource() -> Resource:
-    attributes = {
-        "service.name": os.environ.get("OTEL_SERVICE_NAME") or "sglang",
-        "process.pid": os.getpid(),
-        "host.name": socket.gethostname(),
-    }
+def process_attributes() -> dict:
+    """What tells this process from the others of a job: its pid, its host
+    and its ranks, as far as they are known."""
+    attributes = {"process.pid": os.getpid(), "host.name": socket.gethostname()}
     attributes.update(identity.resource_attributes(identity.known()))
+    return attributes
+
+
+def default_resource() -> Resource:
     # Resource.create also merges OTEL_RESOURCE_ATTRIBUTES.
-    return Resource.create(attributes)
+    return Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "sglang", **process_attributes()})
 
 
 def _identity_changed(values: dict) -> None:
@@ -62,6 +65,8 @@ def _identity_changed(values: dict) -> None:
         writer.set_identity(values)
     for provider in list(_own_providers):
         _add_to_resource(provider, identity.resource_attributes(values))
+    _with_process.clear()
+    _carry_process_everywhere()
 
 
 def _add_to_resource(provider, attributes: dict) -> None:
@@ -79,11 +84,44 @@ def _add_to_resource(provider, attributes: dict) -> None:
 _updated_resources: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+_with_process: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # provider -> (pid, resource)
+
+
 def resource_of(provider) -> Resource:
-    """The resource of `provider` with what this package learnt since it was
-    made (ranks, a forked child's pid), where its SDK could not take it."""
+    """The resource kernel spans handed to `provider`'s processors carry:
+    its own, with what this package learnt since it was made (ranks, a forked
+    child's pid) where its SDK could not take it. An application's provider
+    whose resource names no process (SGLang's own, with --enable-trace) gets
+    this process's attributes under its own, for the kernel spans alone: a
+    report read from a back end tells the processes, and ranks, apart."""
     resource = _updated_resources.get(provider) if _updated_resources else None  # mostly empty: no weakref made
-    return resource if resource is not None else getattr(provider, "resource", None) or Resource.get_empty()
+    if resource is not None:
+        return resource
+    resource = getattr(provider, "resource", None)
+    if resource is None or "process.pid" in resource.attributes:
+        return resource or Resource.get_empty()
+    pid = os.getpid()
+    kept = _with_process.get(provider)
+    if kept is None or kept[0] != pid:  # a forked child's spans carry its own pid
+        kept = _with_process[provider] = (pid, Resource(process_attributes()).merge(resource))
+    return kept[1]
+
+
+def carry_process(tracer, provider) -> None:
+    """Our tracer of an application's provider whose resource names no
+    process: the batch and request spans it makes carry what the kernel
+    spans carry (resource_of). The SDK's Tracer keeps its resource in
+    `resource` (tests/test_sdk_fields.py)."""
+    resource = getattr(provider, "resource", None)
+    if isinstance(tracer, SDKTracer) and resource is not None and "process.pid" not in resource.attributes:
+        tracer.resource = resource_of(provider)
+
+
+def _carry_process_everywhere() -> None:
+    """After a fork or news of the ranks: every tracer carry_process set."""
+    for recorder in list(_recorders):
+        if recorder.tracer:
+            carry_process(recorder.tracer, recorder.provider)
 
 
 identity.on_change(_identity_changed)
@@ -393,6 +431,7 @@ def _after_fork_in_child() -> None:
     # the resource detectors named in OTEL_EXPERIMENTAL_RESOURCE_DETECTORS.
     for provider in list(_own_providers):
         _add_to_resource(provider, {"process.pid": os.getpid()})
+    _carry_process_everywhere()
     # A worker its parent stops with SIGTERM must not say so in the parent's
     # traceback file: the child gets back the handler from before ours (it
     # registers its own with its own file), unless the application set one

@@ -37,7 +37,7 @@ from . import processor as _processor
 from . import tracefile
 from .attributes import fit
 from .tracefile import CALL, CALLS, IDENT, NOTED
-from .setup import resolve_provider, resource_of, sidecar_takes_kernel_spans, track
+from .setup import carry_process, resolve_provider, resource_of, sidecar_takes_kernel_spans, track
 
 _LOW64 = (1 << 64) - 1
 _STATUS_UNSET, _STATUS_ERROR = 0, 2
@@ -199,6 +199,7 @@ class KernelSpans:
         track(self)
         provider = resolve_provider(self._configured)
         self.tracer = provider.get_tracer(TRACER_NAME, __version__)
+        carry_process(self.tracer, provider)
         # The SDK keeps its processors privately (tests/test_sdk_fields.py
         # checks where): where they are not, or the provider is not the
         # SDK's, each ended call is made again through its tracer.
