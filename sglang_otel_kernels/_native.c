@@ -1119,8 +1119,9 @@ static int described_inputs(Out *out, PyObject *site_pairs, int skip_self, PyObj
     if (done == 0 && site_pairs != NULL)
         done = out_put(out, PyBytes_AS_STRING(site_pairs), (size_t)PyBytes_GET_SIZE(site_pairs));
     for (Py_ssize_t i = first; i < nargs && done == 0; i++) {
-        PyObject *keys = arg_keys(i - first);
+        PyObject *keys = Py_XNewRef(arg_keys(i - first)); /* held, as in described_output */
         done = keys != NULL ? out_value(out, keys, args[i]) : -1;
+        Py_XDECREF(keys);
     }
     for (Py_ssize_t i = 0; i < nkw && done == 0; i++) {
         PyObject *keys = kw_keys(PyTuple_GET_ITEM(kwnames, i));
@@ -1142,17 +1143,21 @@ static int described_output(Out *out, PyObject *result) {
         if (describer.output_keys == NULL)
             return -1;
     }
+    PyObject *keys = Py_NewRef(describer.output_keys); /* held: describing runs Python code, and set_describer replaces them */
     size_t mark = out->size;
     int done = out_put(out, "{", 1);
     if (done == 0)
-        done = out_value(out, describer.output_keys, result);
+        done = out_value(out, keys, result);
     if (done == 0)
         done = out_put(out, "0", 1);
-    if (done == 0 || PyErr_Occurred())
+    if (done == 0 || PyErr_Occurred()) {
+        Py_DECREF(keys);
         return done == 0 ? 0 : -1;
+    }
     /* Data marshal refuses, or too large: the Python path's attributes, as its encoder writes them. */
     out->size = mark;
-    PyObject *attributes = python_described(describer.output_keys, result);
+    PyObject *attributes = python_described(keys, result);
+    Py_DECREF(keys);
     PyObject *data = attributes != NULL ? PyObject_CallOneArg(describer.encode, attributes) : NULL;
     Py_XDECREF(attributes);
     if (data == NULL)
