@@ -3,6 +3,8 @@ nothing exits non-zero: `follow` (the export sidecar) and `replay` against
 real failures on loopback: nothing listening, a TLS certificate that does
 not verify, an HTTP 401, a name that does not resolve."""
 
+import contextlib
+import socket
 import subprocess
 import sys
 
@@ -24,12 +26,15 @@ while time.monotonic() < deadline:
 """
 
 
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]  # closed once the probe is: nothing listens there
+@contextlib.contextmanager
+def _closed_port():
+    """A port nothing listens on, held bound (not listening) while the test
+    runs: no other socket takes it meanwhile. (Let go, it could become a
+    client's ephemeral port, even the exporter's own, which then connects to
+    itself and reads 'connection reset by peer'.)"""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
 
 
 def _env(**more) -> dict:
@@ -61,8 +66,9 @@ def test_a_collector_that_is_down_is_said_once_and_the_run_exits_1(tmp_path, pro
     """A live writer for 3 s: the follower tries batch after batch, and says the cause once."""
     writer = subprocess.Popen([sys.executable, "-c", WRITES.format(seconds=3)], cwd=tmp_path, env=_env())
     try:
-        path = f"http://127.0.0.1:{_closed_port()}" + ("/v1/traces" if protocol == "http/protobuf" else "")
-        proc = _follow(tmp_path / "t.sgltrace", path, protocol)
+        with _closed_port() as port:
+            path = f"http://127.0.0.1:{port}" + ("/v1/traces" if protocol == "http/protobuf" else "")
+            proc = _follow(tmp_path / "t.sgltrace", path, protocol)
     finally:
         writer.wait(timeout=60)
     said = [line for line in proc.stderr.splitlines() if "did not take" in line]
@@ -109,12 +115,13 @@ def test_an_http_status_is_said_with_what_it_means(tmp_path):
 
 def test_replay_says_why_in_its_one_line(tmp_path):
     assert run_python(WRITES.format(seconds=0), tmp_path).returncode == 0
-    for endpoint, said in ((f"http://127.0.0.1:{_closed_port()}", "connection refused"),
-                           ("http://no-such-host.invalid:4317", "the host name is not resolved")):
-        proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "replay", str(tmp_path / "t.sgltrace"),
-                               "--endpoint", endpoint, "--timeout", "2"], env=_env(), capture_output=True, text=True,
-                              timeout=180)
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr
+    with _closed_port() as port:
+        for endpoint, said in ((f"http://127.0.0.1:{port}", "connection refused"),
+                               ("http://no-such-host.invalid:4317", "the host name is not resolved")):
+            proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "replay", str(tmp_path / "t.sgltrace"),
+                                   "--endpoint", endpoint, "--timeout", "2"], env=_env(), capture_output=True,
+                                  text=True, timeout=180)
+            assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("messages, said", [
@@ -124,6 +131,9 @@ def test_replay_says_why_in_its_one_line(tmp_path):
     (["Dropping span batch: serialized size 9 bytes exceeds max_request_size 1 bytes."],
      "the batch is too large for the back end"),
     (["Failed to export spans batch code: 413, reason: Payload Too Large"], "HTTP 413: the batch is too large"),
+    (["Failed to export traces to 127.0.0.1:4317, error code: StatusCode.UNAVAILABLE, error details: failed to "
+      "connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:4317: recvmsg:Connection reset by peer"],
+     "the connection was reset"),
     (["something new"], "the exporter said: something new"),
     ([], "the exporter gave no reason"),
 ])
@@ -133,10 +143,11 @@ def test_other_causes_in_the_words_of_either_exporter(messages, said):
 
 def test_an_application_exporting_in_process_says_the_cause_once_and_its_kernels_go_on(tmp_path):
     script = WRITES.format(seconds=2) + "print('done', flush=True)\n"
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=180,
-                          env=_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{_closed_port()}",
-                                   OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_BSP_SCHEDULE_DELAY="200",
-                                   OTEL_EXPORTER_OTLP_TIMEOUT="1", SGLANG_KERNEL_API_EXPORT_SIDECAR="0"))
+    with _closed_port() as port:
+        proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=180, env=_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+                                                    OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_BSP_SCHEDULE_DELAY="200",
+                                                    OTEL_EXPORTER_OTLP_TIMEOUT="1", SGLANG_KERNEL_API_EXPORT_SIDECAR="0"))
     assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
     said = [line for line in proc.stderr.splitlines() if "OTLP export failed" in line]
     assert len(said) == 1 and "OTLP export failed: connection refused" in said[0], proc.stderr

@@ -33,6 +33,8 @@ _CAUSES = [
     (("wrong version number", "tls handshake failed", "ssl handshake failed", "sslerror", "ssl_error"),
      "the TLS handshake failed (TLS to a plain-text port, or the reverse? OTEL_EXPORTER_OTLP_INSECURE, https://)"),
     (("connection refused",), "connection refused: nothing listens there (is the Collector running?)"),
+    (("connection reset by peer", "connection reset"),
+     "the connection was reset: what listens there closed it (not an OTLP receiver, or one restarting?)"),
     (("name or service not known", "domain name not found", "failed to resolve", "errors resolving",
       "nodename nor servname", "temporary failure in name resolution", "name resolution"),
      "the host name is not resolved"),
