@@ -92,8 +92,9 @@ def resource_of(provider) -> Resource:
     its own, with what this package learnt since it was made (ranks, a forked
     child's pid) where its SDK could not take it. An application's provider
     whose resource names no process (SGLang's own, with --enable-trace) gets
-    this process's attributes under its own, for the kernel spans alone: a
-    report read from a back end tells the processes, and ranks, apart."""
+    this process's attributes under its own, for this package's spans alone
+    (kernel spans here, batch and request spans by carry_process): a report
+    read from a back end tells the processes, and ranks, apart."""
     resource = _updated_resources.get(provider) if _updated_resources else None  # mostly empty: no weakref made
     if resource is not None:
         return resource
