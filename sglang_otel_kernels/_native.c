@@ -1406,42 +1406,38 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
         (describe && (self->level > core.described_upto || self->replays != NULL || describer.add_described == NULL)) ||
         core.ring == NULL || core.ring->inline_end < 0 || !spans_ready())
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
-    /* A kernel's first call into this file goes through Python, which writes
-     * its name: before describing, which would otherwise run twice (and an
-     * object's Python code with it). */
+    /* A kernel's first call into this file, and a thread's, go through Python,
+     * which writes the kernel's name and the thread's: before describing, which
+     * would otherwise run twice (and an object's Python code with it). */
     if (site_symbol(self) == 0)
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    PyObject *state = PyObject_GetAttr(core.per_thread, str_state);
+    if (state == NULL)
+        return NULL;
+    if (!PyList_CheckExact(state) || PyList_GET_SIZE(state) != 4 || PyList_GET_ITEM(state, 0) != core.writer) {
+        Py_DECREF(state);
+        return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    }
     /* Then describing, as it may run Python code (the Python path's function
-     * for an object): nothing else of the ring's or the thread's is read before. */
+     * for an object): what was read above is checked again after it. */
     Out opening; /* the KERNEL_SPAN record: its fixed fields, then its attributes */
     out_init(&opening, KERNEL_SPAN_SIZE + MAX_INLINE_EXTRA);
     opening.size = KERNEL_SPAN_SIZE;
     if (describe) {
         if (described_inputs(&opening, self->attribute_pairs, self->skip_self, args, PyVectorcall_NARGS(nargsf),
                              kwnames) < 0) {
+            Py_DECREF(state);
             out_free(&opening);
             if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception))
                 return NULL; /* KeyboardInterrupt and the like, as the Python path lets them through */
             PyErr_Clear();
             return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
         }
-        if (core.ring == NULL || core.ring->inline_end < 0) {
-            out_free(&opening);
-            return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
-        }
     }
-    unsigned long symbol = site_symbol(self); /* again: the ring may have changed while describing */
-    if (symbol == 0) {
-        out_free(&opening);
-        return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
-    }
-    PyObject *state = PyObject_GetAttr(core.per_thread, str_state);
-    if (state == NULL) {
-        out_free(&opening);
-        return NULL;
-    }
-    if (!PyList_CheckExact(state) || PyList_GET_SIZE(state) != 4 || PyList_GET_ITEM(state, 0) != core.writer) {
-        /* The thread's first call into this file: Python names the thread. */
+    /* The ring, the kernel's name in it and the thread's writer, as they are
+     * now: a reconfiguration while describing sends the call through Python. */
+    unsigned long symbol = core.ring == NULL || core.ring->inline_end < 0 ? 0 : site_symbol(self);
+    if (symbol == 0 || PyList_GET_ITEM(state, 0) != core.writer) {
         Py_DECREF(state);
         out_free(&opening);
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);

@@ -79,6 +79,16 @@ for _ in range(2):
     odd(torch.empty(0, 3), torch.ones(1, 4).t(), torch.tensor(2.0), 2**40, -2**63, 2**64, float("nan"),
         float("-inf"), "r\u00e9sum\u00e9 \u2713", "x" * 300, None, [x, w], label="na\u00efve", big=-2**40)
 
+# A thread's first call goes through Python, which names the thread: its arguments are described
+# once (an object's own code runs once), not by the compiled core first.
+looked = []
+class Watched:
+    def __getattr__(self, name):
+        looked.append(name)
+        raise AttributeError(name)
+first = threading.Thread(target=odd, args=(Watched(),), name="first")
+first.start(); first.join()
+
 # Objects, identified by what their own __dict__ holds (the compiled core writes those it can alone).
 import dataclasses, enum
 class Mode(enum.IntEnum):
@@ -172,7 +182,7 @@ from sglang_otel_kernels.record import core
 # call of a kernel goes through Python, which writes its name; the second dies in it.
 arguments = (x.half().t(), torch.arange(12, dtype=torch.int32)[::3], torch.empty(2, 3, device="meta", dtype=torch.bfloat16), 0.5)
 fatal(*arguments)
-print(sok.NATIVE, core.native.recorded() if sok.NATIVE else 0, flush=True)
+print(sok.NATIVE, core.native.recorded() if sok.NATIVE else 0, len(looked), flush=True)
 fatal(*arguments, die=True)
 """
 
@@ -242,8 +252,11 @@ def _report_of_a_run(tmp_path: Path, python_core: bool, level: int, blackbox: bo
     run = subprocess.run([sys.executable, "-c", PROGRAM, str(ROOT / "tests")], cwd=folder, env=env, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == -6, run.stderr  # the abort inside sglang.custom_op.fatal
-    native, recorded = run.stdout.split()
+    native, recorded, looked = run.stdout.split()
     assert native == str(not python_core)
+    # Watched's lookups in its thread's first call (shape, dtype, device as an argument, then as the
+    # result): at level 3 alone, and once (the compiled core used to describe the argument first: 9).
+    assert int(looked) == (6 if level == 3 else 0), run.stdout
     # The compiled core recorded 21 of the 35 calls and replays: Python the first of each of the eight kernels
     # and of the replays into the file (it writes their names), the worker thread's first (it writes the
     # thread's name) and the three calls made while the graph was captured.
