@@ -13,12 +13,10 @@ SGLang carries it from its tokenizer process to its scheduler.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import operator
 import threading
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ContextManager, Iterable, Mapping, Sequence
 
 from opentelemetry import context as context_api
 from opentelemetry import trace
@@ -104,7 +102,7 @@ def _normalise(requests: Iterable[Any]) -> list[tuple[SpanContext | None, str | 
 
 def _keyed_trace_id(key: Any) -> int:
     """A batch's trace id, from its key and the job: the same on every rank."""
-    digest = hashlib.blake2b(repr((identity.known().get("job"), key)).encode(), digest_size=16).digest()
+    digest = hashlib.blake2b(repr((identity.value("job"), key)).encode(), digest_size=16).digest()
     return int.from_bytes(digest, "big") or 1
 
 
@@ -168,7 +166,6 @@ def _row_counts(rows: Any, members: int) -> "tuple[int, ...] | None":
     return None
 
 
-@contextlib.contextmanager
 def forward_batch(
     requests: Iterable[Any],
     name: str = "forward_batch",
@@ -176,9 +173,9 @@ def forward_batch(
     batch_key: Any = None,
     rows: Sequence[int] | None = None,
     end_later: bool = False,
-) -> Iterator[trace.Span]:
-    """A batch span around one forward pass; kernel spans opened inside are its
-    children. Yields the batch span. An exception ends it (and the request
+) -> ContextManager[trace.Span]:
+    """A batch span around one forward pass (`with forward_batch(...) as span:`);
+    kernel spans opened inside are its children. An exception ends it (and the request
     spans) with status ERROR and is re-raised. `batch_key` (any value with a
     stable repr, the same on every rank for the same batch, such as a step
     number and the request ids) gives a batch of several requests a trace id
@@ -192,60 +189,88 @@ def forward_batch(
     `end_later`: a batch that ran leaves its span open for the caller to end
     (`end()`), after the engine's own work on its results: a process that
     dies meanwhile died while that batch was served."""
-    tracer = kernel_tracer()
-    members = _normalise(requests)
-    request_ids = [request_id for _, request_id in members if request_id is not None]
-    traced = [(span_context, request_id) for span_context, request_id in members if span_context is not None]
-    batch_attributes: dict[str, Any] = {BATCH_SIZE: len(members), BATCH_REQUEST_IDS: request_ids}
-    if len(traced) < len(members):
-        batch_attributes[BATCH_UNTRACED] = len(members) - len(traced)
-    batch_attributes.update(attributes or {})
-    links = [Link(span_context, {REQUEST_ID: request_id} if request_id else None) for span_context, request_id in traced]
-    parent = traced[0][0] if len(members) == 1 and traced else None
-    if file_only(tracer, len(links)):  # the trace file alone: its records written straight (record/file_spans.py)
-        batch = FileSpan(name, parent or trace.get_current_span().get_span_context(), batch_attributes, links,
-                         keyed=None if parent is not None or batch_key is None else functools.partial(_keyed_trace_id, batch_key))
+    return _BatchScope(requests, name, attributes, batch_key, rows, end_later)
 
-        def start_request(span_context, request_id, batch_link):
-            return FileSpan(f"{name}.request", span_context, {REQUEST_ID: request_id} if request_id else {}, batch_link)
-    else:
-        ids = _keyed_ids(tracer) if parent is None and batch_key is not None else None
-        if ids is not None:
-            ids.keyed(batch_key)
-        try:
-            batch = tracer.start_span(name, context=None if parent is None else _context_of(parent),
-                                      kind=SpanKind.INTERNAL, attributes=batch_attributes, links=links)
-        finally:
+
+class _BatchScope:
+    """`forward_batch`'s context manager. A class, not a generator: SGLang's
+    scheduler enters one every decode step, where contextlib's wrapper and a
+    generator's frames cost more than the span's records."""
+
+    __slots__ = ("_arguments", "_end_later", "_batch", "_request_spans", "_token", "_state", "_calls_before")
+
+    def __init__(self, requests, name, attributes, batch_key, rows, end_later) -> None:
+        self._arguments = (requests, name, attributes, batch_key, rows)
+        self._end_later = end_later
+
+    def __enter__(self) -> trace.Span:
+        requests, name, attributes, batch_key, rows = self._arguments
+        tracer = kernel_tracer()
+        members = _normalise(requests)
+        # One pass (not a comprehension each: every decode step comes here): the ids the batch
+        # names, its traced members, and each member's name for NaN provenance.
+        request_ids, traced, names = [], [], []
+        for position, (span_context, request_id) in enumerate(members):
+            if request_id is not None:
+                request_ids.append(request_id)
+            if span_context is not None:
+                traced.append((span_context, request_id))
+            names.append(request_id if request_id is not None else f"#{position}")
+        batch_attributes: dict[str, Any] = {BATCH_SIZE: len(members), BATCH_REQUEST_IDS: request_ids}
+        if len(traced) < len(members):
+            batch_attributes[BATCH_UNTRACED] = len(members) - len(traced)
+        if attributes:
+            batch_attributes.update(attributes)
+        links = [Link(span_context, {REQUEST_ID: request_id} if request_id else None)
+                 for span_context, request_id in traced] if traced else []
+        parent = traced[0][0] if len(members) == 1 and traced else None
+        if file_only(tracer, len(links)):  # the trace file alone: its records written straight (record/file_spans.py)
+            around = parent or trace.get_current_span().get_span_context()
+            batch = FileSpan(name, around, batch_attributes, links,
+                             trace_id=_keyed_trace_id(batch_key) if batch_key is not None and not around.is_valid else None)
+
+            def start_request(span_context, request_id, batch_link):
+                return FileSpan(f"{name}.request", span_context, {REQUEST_ID: request_id} if request_id else {}, batch_link)
+        else:
+            ids = _keyed_ids(tracer) if parent is None and batch_key is not None else None
             if ids is not None:
-                ids.forget()
+                ids.keyed(batch_key)
+            try:
+                batch = tracer.start_span(name, context=None if parent is None else _context_of(parent),
+                                          kind=SpanKind.INTERNAL, attributes=batch_attributes, links=links)
+            finally:
+                if ids is not None:
+                    ids.forget()
 
-        def start_request(span_context, request_id, batch_link):
-            return tracer.start_span(f"{name}.request", context=_context_of(span_context), kind=SpanKind.INTERNAL,
-                                     attributes={REQUEST_ID: request_id} if request_id else None, links=batch_link)
-    request_spans = []
-    if len(members) > 1:
-        batch_link = [Link(batch.get_span_context(), {BATCH_SIZE: len(members)})]
-        request_spans = [start_request(span_context, request_id, batch_link) for span_context, request_id in traced]
-    published = batches.Batch(
-        tuple((span.get_span_context(), request_id) for span, (_, request_id) in zip(request_spans, traced)),
-        [request_id if request_id is not None else f"#{position}" for position, (_, request_id) in enumerate(members)],
-        _row_counts(rows, len(members)))
-    state = per_thread.state
-    calls_before = state[CALLS]
-    token = context_api.attach(batches.publish(published, trace.set_span_in_context(batch)))
-    kept = False  # a batch that ran, its span left open (end_later)
-    try:
-        yield batch
-        kept = end_later
-    except BaseException as exc:
-        record_failure(batch, exc)
-        for span in request_spans:
-            span.set_status(Status(StatusCode.ERROR, describe_exception(exc)))
-        raise
-    finally:
-        context_api.detach(token)
-        calls = state[CALLS] - calls_before
-        for span in (*request_spans, batch):
-            span.set_attribute(BATCH_KERNEL_CALLS, calls)
-            if span is not batch or not kept:
-                span.end()
+            def start_request(span_context, request_id, batch_link):
+                return tracer.start_span(f"{name}.request", context=_context_of(span_context), kind=SpanKind.INTERNAL,
+                                         attributes={REQUEST_ID: request_id} if request_id else None, links=batch_link)
+        request_spans = []
+        if len(members) > 1 and traced:
+            batch_link = [Link(batch.get_span_context(), {BATCH_SIZE: len(members)})]
+            request_spans = [start_request(span_context, request_id, batch_link) for span_context, request_id in traced]
+        published = batches.Batch(
+            tuple((span.get_span_context(), request_id) for span, (_, request_id) in zip(request_spans, traced)),
+            names, _row_counts(rows, len(members)))
+        self._batch, self._request_spans = batch, request_spans
+        self._state = per_thread.state
+        self._calls_before = self._state[CALLS]
+        self._token = context_api.attach(batches.publish(published, trace.set_span_in_context(batch)))
+        return batch
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        batch, request_spans = self._batch, self._request_spans
+        kept = kind is None and self._end_later  # a batch that ran, its span left open (end_later)
+        try:
+            if kind is not None:
+                record_failure(batch, exc)
+                for span in request_spans:
+                    span.set_status(Status(StatusCode.ERROR, describe_exception(exc)))
+        finally:
+            context_api.detach(self._token)
+            calls = self._state[CALLS] - self._calls_before
+            for span in (*request_spans, batch):
+                span.set_attribute(BATCH_KERNEL_CALLS, calls)
+                if span is not batch or not kept:
+                    span.end()
+        return False  # the exception, if any, goes on

@@ -33,13 +33,12 @@ spawned scheduler and worker processes included).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import os
 import sys
 import types
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .. import config as _config
 from ..capture import import_hooks
@@ -162,6 +161,10 @@ def _patch_logging(handle: Instrumentation, module: Any) -> None:
 def _request_context(request: Any) -> tuple[Any, Any]:
     """(the root span context of a request's SGLang trace, its id)."""
     trace_context = getattr(getattr(request, "time_stats", None), "trace_ctx", None)
+    # An untraced request (no --enable-trace: every request, every step) holds SGLang's
+    # TraceNullContext, which answers every attribute with itself: told apart as SGLang does.
+    if getattr(trace_context, "tracing_enable", True) is False:
+        return None, getattr(request, "rid", None)
     return getattr(trace_context, "root_span_context", None), getattr(request, "rid", None)
 
 
@@ -293,18 +296,27 @@ def _record_stop(reason: str) -> None:
     _engine_span(STOP_SPAN, {STOP_REASON: reason}).end()
 
 
-@contextlib.contextmanager
-def _ending(span: Any) -> Iterator[None]:
-    """Ends `span` after the block, the block's exception recorded on it (status ERROR)."""
-    from ..record.spans import record_failure  # torch is imported by the time SGLang runs
+class _ending:
+    """Ends `span` after the block, the block's exception recorded on it
+    (status ERROR). A class, not a generator: it runs every decode step."""
 
-    try:
-        yield
-    except BaseException as exc:
-        record_failure(span, exc)
-        raise
-    finally:
-        span.end()
+    __slots__ = ("span",)
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        try:
+            if kind is not None:
+                from ..record.spans import record_failure  # torch is imported by the time SGLang runs
+
+                record_failure(self.span, exc)
+        finally:
+            self.span.end()
+        return False
 
 
 def _end_open_batch(scheduler: Any) -> None:

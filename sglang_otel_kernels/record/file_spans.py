@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from time import time_ns
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
@@ -68,15 +68,16 @@ class FileSpan(trace.Span):
 
     def __init__(self, name: str, parent: "SpanContext | None", attributes: dict,
                  links: Sequence[Link] = (), kind: SpanKind = SpanKind.INTERNAL,
-                 keyed: "Callable[[], int] | None" = None, _bits=random.getrandbits) -> None:
+                 trace_id: "int | None" = None, _bits=random.getrandbits) -> None:
         """`parent`: None or an invalid context for a root span, whose trace id
-        `keyed()` gives where it is given (a batch's, the same on every rank)."""
+        is `trace_id` where it is given (a batch's, the same on every rank)."""
         state = None
         if parent is not None and parent.is_valid:
             trace_id, state = parent.trace_id, parent.trace_state
         else:
             parent = None
-            trace_id = keyed() if keyed is not None else _bits(128) or 1
+            if trace_id is None:
+                trace_id = _bits(128) or 1
         self._context = SpanContext(trace_id, _bits(64) or 1, False, _SAMPLED, state)
         self._attributes = attributes
         self._events: list = []

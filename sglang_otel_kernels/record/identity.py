@@ -42,6 +42,11 @@ def known() -> dict[str, Any]:
     return dict(_values)
 
 
+def value(key: str) -> Any:
+    """One rank (or `job`) known now, or None."""
+    return _values.get(key)
+
+
 def update(**values: Any) -> None:
     """Adds or changes ranks (None values are ignored); listeners hear of a change."""
     changed = {key: value for key, value in values.items() if value is not None and _values.get(key) != value}
