@@ -12,10 +12,12 @@ each round sends one request to each setting in turn, in a rotated order;
 a round's ratios are to level 0 in that round, seconds apart. `--starts`
 repeats this with fresh servers. Prints one row per setting: median seconds
 per request and per decode step, and the median ratio to level 0 with its
-quartiles over all rounds and a 95% confidence interval of that median
-(distribution-free: order statistics). Rounds still differ by more than the
-targets, so a target is shown met by an interval under it, which takes
-rounds: 180 (--starts 3 --rounds 60) put it within about +-1%.
+quartiles over all rounds, a 95% confidence interval of that median
+(distribution-free: order statistics over the rounds) and each start's own
+median. Rounds differ by more than the targets, so a target is shown met by
+an interval under it, not by a median; and a start differs from the next by
+1 to 3% (its processes' layout), which the rounds' interval does not cover:
+read it beside the starts' medians.
 
 Needs SGLang's environment (bash .ci/sglang-env) and a tiny model it makes
 (tests/tiny_llama.py). With --profile, one more server per setting (those
@@ -254,14 +256,16 @@ def main() -> None:
             measure(python, model, names, scratch, number, options.rounds, options.tokens, times, ratios)
         if options.starts:
             print(f"{'setting':10s} {'s/request':>10s} {'ms/step':>8s} {'x level 0':>10s} {'quartiles':>12s} "
-                  f"{'95% CI of the median':>21s}")
+                  f"{'rounds 95% CI':>14s}  medians by start")
         for name in names if options.starts else ():
             median = statistics.median(times[name])
             low, _, high = statistics.quantiles(ratios[name], n=4) if len(ratios[name]) > 1 else [ratios[name][0]] * 3
             interval = median_interval(ratios[name]) if name != "level 0" else None
+            starts = ", ".join(f"{statistics.median(ratios[name][i:i + options.rounds]):.3f}"
+                               for i in range(0, len(ratios[name]), options.rounds))
             print(f"{name:10s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
                   f"{statistics.median(ratios[name]):10.3f} {low:5.3f}-{high:5.3f} "
-                  f"{'' if interval is None else f'{interval[0]:.3f}-{interval[1]:.3f}':>21s}", flush=True)
+                  f"{'' if interval is None else f'{interval[0]:.3f}-{interval[1]:.3f}':>14s}  {starts}", flush=True)
         if options.profile:
             for name in names:
                 profile(python, model, name, scratch, options.rounds, options.tokens)
