@@ -1409,7 +1409,8 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
     /* A kernel's first call into this file, and a thread's, go through Python,
      * which writes the kernel's name and the thread's: before describing, which
      * would otherwise run twice (and an object's Python code with it). */
-    if (site_symbol(self) == 0)
+    unsigned long symbol = site_symbol(self);
+    if (symbol == 0)
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
     PyObject *state = PyObject_GetAttr(core.per_thread, str_state);
     if (state == NULL)
@@ -1433,14 +1434,14 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
             PyErr_Clear();
             return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
         }
-    }
-    /* The ring, the kernel's name in it and the thread's writer, as they are
-     * now: a reconfiguration while describing sends the call through Python. */
-    unsigned long symbol = core.ring == NULL || core.ring->inline_end < 0 ? 0 : site_symbol(self);
-    if (symbol == 0 || PyList_GET_ITEM(state, 0) != core.writer) {
-        Py_DECREF(state);
-        out_free(&opening);
-        return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+        /* The ring, the kernel's name in it and the thread's writer, as they are
+         * now: a reconfiguration while describing sends the call through Python. */
+        symbol = core.ring == NULL || core.ring->inline_end < 0 ? 0 : site_symbol(self);
+        if (symbol == 0 || PyList_GET_ITEM(state, 0) != core.writer) {
+            Py_DECREF(state);
+            out_free(&opening);
+            return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+        }
     }
     PyObject *outer = Py_NewRef(PyList_GET_ITEM(state, 2));
     PyObject *writer = Py_NewRef(core.writer);
