@@ -157,7 +157,7 @@ def _row_counts(rows: Any, members: int) -> "tuple[int, ...] | None":
         return None
     try:
         counts = tuple(map(operator.index, rows))
-        if len(counts) == members and all(count >= 0 for count in counts):
+        if len(counts) == members and (not counts or min(counts) >= 0):
             return counts
         problem = f"{len(counts)} values for {members} requests" if len(counts) != members else "a negative count"
     except TypeError:
@@ -210,27 +210,33 @@ class _BatchScope:
         # One pass (not a comprehension each: every decode step comes here): the ids the batch
         # names, its traced members, and each member's name for NaN provenance.
         request_ids, traced, names = [], [], []
-        for position, (span_context, request_id) in enumerate(members):
+        for position, member in enumerate(members):
+            span_context, request_id = member
             if request_id is not None:
                 request_ids.append(request_id)
+                names.append(request_id)
+            else:
+                names.append(f"#{position}")
             if span_context is not None:
-                traced.append((span_context, request_id))
-            names.append(request_id if request_id is not None else f"#{position}")
-        batch_attributes: dict[str, Any] = {BATCH_SIZE: len(members), BATCH_REQUEST_IDS: request_ids}
-        if len(traced) < len(members):
-            batch_attributes[BATCH_UNTRACED] = len(members) - len(traced)
+                traced.append(member)
+        size = len(members)
+        batch_attributes: dict[str, Any] = {BATCH_SIZE: size, BATCH_REQUEST_IDS: request_ids}
+        if len(traced) < size:
+            batch_attributes[BATCH_UNTRACED] = size - len(traced)
         if attributes:
             batch_attributes.update(attributes)
         links = [Link(span_context, {REQUEST_ID: request_id} if request_id else None)
-                 for span_context, request_id in traced] if traced else []
-        parent = traced[0][0] if len(members) == 1 and traced else None
+                 for span_context, request_id in traced] if traced else ()
+        parent = traced[0][0] if size == 1 and traced else None
+        several = size > 1 and traced  # request spans under the batch, linked to it
         if file_only(tracer, len(links)):  # the trace file alone: its records written straight (record/file_spans.py)
             around = parent or trace.get_current_span().get_span_context()
             batch = FileSpan(name, around, batch_attributes, links,
                              trace_id=_keyed_trace_id(batch_key) if batch_key is not None and not around.is_valid else None)
-
-            def start_request(span_context, request_id, batch_link):
-                return FileSpan(f"{name}.request", span_context, {REQUEST_ID: request_id} if request_id else {}, batch_link)
+            if several:
+                batch_link = (Link(batch.get_span_context(), {BATCH_SIZE: size}),)
+                request_spans = [FileSpan(f"{name}.request", span_context, {REQUEST_ID: request_id} if request_id else {},
+                                          batch_link) for span_context, request_id in traced]
         else:
             ids = _keyed_ids(tracer) if parent is None and batch_key is not None else None
             if ids is not None:
@@ -241,17 +247,19 @@ class _BatchScope:
             finally:
                 if ids is not None:
                     ids.forget()
-
-            def start_request(span_context, request_id, batch_link):
-                return tracer.start_span(f"{name}.request", context=_context_of(span_context), kind=SpanKind.INTERNAL,
-                                         attributes={REQUEST_ID: request_id} if request_id else None, links=batch_link)
-        request_spans = []
-        if len(members) > 1 and traced:
-            batch_link = [Link(batch.get_span_context(), {BATCH_SIZE: len(members)})]
-            request_spans = [start_request(span_context, request_id, batch_link) for span_context, request_id in traced]
-        published = batches.Batch(
-            tuple((span.get_span_context(), request_id) for span, (_, request_id) in zip(request_spans, traced)),
-            names, _row_counts(rows, len(members)))
+            if several:
+                batch_link = [Link(batch.get_span_context(), {BATCH_SIZE: size})]
+                request_spans = [tracer.start_span(f"{name}.request", context=_context_of(span_context),
+                                                   kind=SpanKind.INTERNAL,
+                                                   attributes={REQUEST_ID: request_id} if request_id else None,
+                                                   links=batch_link) for span_context, request_id in traced]
+        if several:
+            published = batches.Batch(tuple((span.get_span_context(), request_id)
+                                            for span, (_, request_id) in zip(request_spans, traced)),
+                                      names, _row_counts(rows, size))
+        else:
+            request_spans = ()
+            published = batches.Batch((), names, _row_counts(rows, size))
         self._batch, self._request_spans = batch, request_spans
         self._state = per_thread.state
         self._calls_before = self._state[CALLS]
@@ -269,8 +277,10 @@ class _BatchScope:
         finally:
             context_api.detach(self._token)
             calls = self._state[CALLS] - self._calls_before
-            for span in (*request_spans, batch):
+            for span in request_spans:
                 span.set_attribute(BATCH_KERNEL_CALLS, calls)
-                if span is not batch or not kept:
-                    span.end()
+                span.end()
+            batch.set_attribute(BATCH_KERNEL_CALLS, calls)
+            if not kept:
+                batch.end()
         return False  # the exception, if any, goes on

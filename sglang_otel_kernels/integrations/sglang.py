@@ -226,9 +226,13 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
             learnt.append(True)
             _learn_ranks()
         _end_open_batch(self)  # one whose results were never processed
-        requests = [_request_context(request) for request in (getattr(batch, "reqs", None) or ())]
+        requests, rids = [], []  # one loop, no comprehension frames: every decode step comes here
+        for request in getattr(batch, "reqs", None) or ():
+            member = _request_context(request)
+            requests.append(member)
+            rids.append(str(member[1]))
         # Every tensor-parallel rank runs the same step on the same requests: one trace for all.
-        key = (getattr(self, "forward_ct", None), tuple(str(rid) for _, rid in requests))
+        key = (getattr(self, "forward_ct", None), tuple(rids))
         with forward_batch(requests, name=BATCH_SPAN, batch_key=key, rows=_rows(batch, len(requests)),
                            end_later=processes_results) as span:
             result = original(self, batch, *args, **kwargs)

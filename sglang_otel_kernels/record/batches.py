@@ -36,19 +36,23 @@ class Batch:
     request id (`#<position>` when it has none), in row order; `rows`, each
     member's row count in token-flattened tensors, when declared."""
 
-    __slots__ = ("requests", "names", "_starts")
+    __slots__ = ("requests", "names", "_rows", "_starts")
 
     def __init__(self, requests: tuple, names: Sequence[str], rows: "Sequence[int] | None" = None) -> None:
         self.requests = requests
         self.names = tuple(names)
-        # Where each member's rows start in a tensor of sum(rows) rows, and that sum last.
-        self._starts = None if rows is None else tuple(itertools.accumulate(rows, initial=0))
+        self._rows = rows
+        self._starts: "tuple[int, ...] | None" = None
 
     def owners(self, leading: int, rows: Iterable[int]) -> "list[str] | None":
         """The request ids owning `rows` of a tensor whose leading dimension
         is `leading`, in batch order; None when that dimension maps to no
         request (neither the declared row counts' sum nor one per request)."""
+        # Where each member's rows start in a tensor of sum(rows) rows, and that sum last: made
+        # here, when NaN/Inf is found, not every step.
         starts = self._starts
+        if starts is None and self._rows is not None:
+            starts = self._starts = tuple(itertools.accumulate(self._rows, initial=0))
         if starts is not None and leading == starts[-1]:
             members = {bisect.bisect_right(starts, row) - 1 for row in rows}
         elif leading == len(self.names):
