@@ -3,6 +3,7 @@ request's decode steps at level 0, in the black box (at levels 1 and 3), and
 at levels 1, 3 and 5, as ratios to level 0 measured side by side.
 
     python bench/sglang_server_cost.py [--starts 2] [--rounds 10] [--tokens 256] [--only SETTING] [--profile]
+                                       [--against DIR]
 
 A server start differs from the next by more than the targets (up to 40%
 here: this machine's speed drifts, and the idle scheduler spins on a core),
@@ -17,7 +18,10 @@ quartiles over all rounds, a 95% confidence interval of that median
 median. Rounds differ by more than the targets, so a target is shown met by
 an interval under it, not by a median; and a start differs from the next by
 1 to 3% (its processes' layout), which the rounds' interval does not cover:
-read it beside the starts' medians.
+read it beside the starts' medians. `--against DIR` (another checkout of
+this package, e.g. a `git worktree` of the commit before a change) also
+runs each setting but level 0 from DIR's code, as "<setting> @DIR's name",
+in the same rounds: a change measured side by side, not across days.
 
 Needs SGLang's environment (bash .ci/sglang-env) and a tiny model it makes
 (tests/tiny_llama.py). With --profile, one more server per setting (those
@@ -69,6 +73,15 @@ if os.environ.get("SGLANG_BENCH_PROFILE_DIR"):
 """
 
 
+AGAINST: dict[str, str] = {}  # --against: its name in the settings' names, and its path
+
+
+def setting_of(name: str) -> tuple[int, dict, str]:
+    """(level, environment, the package's checkout) of a setting's name, `--against`'s too."""
+    setting, _, against = name.partition(" @")
+    return (*SETTINGS[setting], AGAINST[against] if against else ROOT)
+
+
 def environment_python() -> str:
     proc = subprocess.run(["bash", os.path.join(ROOT, ".ci", "sglang-env")], capture_output=True, text=True,
                           check=True)
@@ -84,12 +97,12 @@ def free_port() -> int:
 
 
 def start(python: str, model: str, level: int, extra: dict, directory: str,
-          profiler: str | None = None) -> tuple[subprocess.Popen, int]:
+          profiler: str | None = None, root: str = ROOT) -> tuple[subprocess.Popen, int]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
     if profiler:
         env["SGLANG_BENCH_PROFILE_DIR"] = directory
-    env.update(PYTHONPATH=os.pathsep.join([ROOT, *([profiler] if profiler else [])]), SGLANG_USE_CPU_ENGINE="1", SGLANG_KERNEL_API_LOGLEVEL=str(level),
+    env.update(PYTHONPATH=os.pathsep.join([root, *([profiler] if profiler else [])]), SGLANG_USE_CPU_ENGINE="1", SGLANG_KERNEL_API_LOGLEVEL=str(level),
                SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_TRACEFILE=os.path.join(directory, "trace_%i.sgltrace"),
                **extra)
     command = [python, "-m", "sglang_otel_kernels", "run", "--", python, "-m", "sglang.launch_server",
@@ -148,14 +161,14 @@ def scheduler_pid(process: subprocess.Popen) -> int:
 def profile(python: str, model: str, name: str, scratch: str, requests: int, tokens: int) -> None:
     """The scheduler's main thread under cProfile for `requests` timed requests: the functions that
     take most of a decode step, by their own time and with what they call."""
-    level, extra = SETTINGS[name]
-    directory = os.path.join(scratch, f"profile-{name.replace(' ', '-')}")
+    level, extra, root = setting_of(name)
+    directory = os.path.join(scratch, f"profile-{name.replace(' ', '-').replace('@', '')}")
     os.makedirs(directory)
     hook = os.path.join(scratch, "profiler")
     os.makedirs(hook, exist_ok=True)
     with open(os.path.join(hook, "sitecustomize.py"), "w") as out:
         out.write(PROFILER)
-    process, port = start(python, model, level, extra, directory, hook)
+    process, port = start(python, model, level, extra, directory, hook, root)
     try:
         generate(port, tokens)
         pid = scheduler_pid(process)
@@ -192,10 +205,10 @@ def measure(python: str, model: str, names: list, scratch: str, number: int, rou
     servers = {}
     try:
         for name in names:
-            level, extra = SETTINGS[name]
-            directory = os.path.join(scratch, f"{name.replace(' ', '-')}-{number}")
+            level, extra, root = setting_of(name)
+            directory = os.path.join(scratch, f"{name.replace(' ', '-').replace('@', '')}-{number}")
             os.makedirs(directory)
-            servers[name] = start(python, model, level, extra, directory)
+            servers[name] = start(python, model, level, extra, directory, root=root)
             generate(servers[name][1], tokens)  # warm-up: the first request's compile and allocations
             pause(servers[name][0], True)
         for round_number in range(rounds):
@@ -239,6 +252,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="requests per setting per start (after one warm-up)")
     parser.add_argument("--tokens", type=int, default=256, help="decode steps per request")
     parser.add_argument("--only", action="append", choices=sorted(SETTINGS), help="settings to measure (all)")
+    parser.add_argument("--against", metavar="DIR",
+                        help="also run each setting but level 0 from this checkout's code, in the same rounds")
     parser.add_argument("--profile", action="store_true",
                         help="then profile the scheduler in each setting measured (--starts 0: profile only)")
     options = parser.parse_args()
@@ -246,6 +261,12 @@ def main() -> None:
     names = options.only or list(SETTINGS)
     if "level 0" not in names:
         names.insert(0, "level 0")
+    if options.against:
+        against = os.path.abspath(options.against)
+        if not os.path.isfile(os.path.join(against, "sglang_otel_kernels", "__init__.py")):
+            raise SystemExit(f"--against {options.against}: no sglang_otel_kernels package there")
+        AGAINST[os.path.basename(against)] = against
+        names += [f"{name} @{os.path.basename(against)}" for name in names if name != "level 0"]
     with tempfile.TemporaryDirectory() as scratch:
         model = os.path.join(scratch, "model")
         subprocess.run([python, os.path.join(ROOT, "tests", "tiny_llama.py"), model, "--dummy"], check=True,
@@ -254,8 +275,9 @@ def main() -> None:
         ratios: dict[str, list[float]] = {name: [] for name in names}
         for number in range(options.starts):
             measure(python, model, names, scratch, number, options.rounds, options.tokens, times, ratios)
+        width = max(map(len, names))
         if options.starts:
-            print(f"{'setting':10s} {'s/request':>10s} {'ms/step':>8s} {'x level 0':>10s} {'quartiles':>12s} "
+            print(f"{'setting':{width}s} {'s/request':>10s} {'ms/step':>8s} {'x level 0':>10s} {'quartiles':>12s} "
                   f"{'rounds 95% CI':>14s}  medians by start")
         for name in names if options.starts else ():
             median = statistics.median(times[name])
@@ -263,7 +285,7 @@ def main() -> None:
             interval = median_interval(ratios[name]) if name != "level 0" else None
             starts = ", ".join(f"{statistics.median(ratios[name][i:i + options.rounds]):.3f}"
                                for i in range(0, len(ratios[name]), options.rounds))
-            print(f"{name:10s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
+            print(f"{name:{width}s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
                   f"{statistics.median(ratios[name]):10.3f} {low:5.3f}-{high:5.3f} "
                   f"{'' if interval is None else f'{interval[0]:.3f}-{interval[1]:.3f}':>14s}  {starts}", flush=True)
         if options.profile:

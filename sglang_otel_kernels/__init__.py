@@ -83,7 +83,8 @@ def _record_collectives(_torch: Any) -> None:
 if get_config().level > 0 and get_config().collectives:
     from .capture import import_hooks
 
-    import_hooks.when_imported("torch", _record_collectives)
+    # Where one of this package's own modules imports torch, its modules are half made until that import ends.
+    import_hooks.when_imported("torch", _record_collectives, settled=__name__)
 
 __all__ = [
     "Instrumentation",

@@ -220,3 +220,19 @@ def test_a_batch_key_gives_every_rank_the_same_batch_trace(tmp_path):
     assert a == a_again == other_a and b == other_b and a != b  # same key, same trace: in any process
     assert unkeyed != other_unkeyed  # no key: a random trace id, as before
     assert single == "a1" * 16  # a batch of one request sits in the request's trace
+
+
+def test_collectives_are_recorded_when_one_of_our_modules_imports_torch(tmp_path):
+    """torch imported first by one of this package's own modules (an application importing one before torch):
+    the hook that records the collectives waits for that import to end, where it found its modules half made
+    and said "recording torch.distributed's collectives failed (ImportError ... circular import)"."""
+    check = ("import importlib, sglang_otel_kernels\n"
+             "importlib.import_module('sglang_otel_kernels.{module}')\n"
+             "import torch.distributed as dist\n"
+             "print(hasattr(dist.all_reduce, '_debug_kernel_wrapped'))\n")
+    for module in ("record.spans", "record.file_spans", "record.dumps", "record.textlog", "describe.statistics",
+                   "capture.collectives", "capture.requests"):
+        proc = run_python(check.format(module=module), tmp_path, env={"SGLANG_KERNEL_API_LOGLEVEL": "1"})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["True"], (module, proc.stdout, proc.stderr)
+        assert "failed" not in proc.stderr, (module, proc.stderr)
