@@ -6,19 +6,24 @@ at levels 1, 3 and 5, as ratios to level 0 measured side by side.
                                        [--against DIR]
 
 A server start differs from the next by more than the targets (up to 40%
-here: this machine's speed drifts, and the idle scheduler spins on a core),
-so every setting's server is started (through `run`), then all but the one
-serving are paused (SIGSTOP to its process group: no idle spinning), and
-each round sends one request to each setting in turn, in a rotated order;
-a round's ratios are to level 0 in that round, seconds apart. `--starts`
-repeats this with fresh servers. Prints one row per setting: median seconds
-per request and per decode step, and the median ratio to level 0 with its
-quartiles over all rounds, a 95% confidence interval of that median
-(distribution-free: order statistics over the rounds) and each start's own
-median. Rounds differ by more than the targets, so a target is shown met by
-an interval under it, not by a median; and a start differs from the next by
-1 to 3% (its processes' layout), which the rounds' interval does not cover:
-read it beside the starts' medians. `--against DIR` (another checkout of
+here: this machine's speed drifts, and the idle scheduler spins on a
+core), so every setting's server is started (through `run`), then all but
+the one serving are paused (SIGSTOP to its process group: no idle
+spinning), and each round sends one request to each setting in turn, in a
+rotated order; a round's ratios are to level 0 in that round, seconds
+apart. `--starts` repeats this with fresh servers. Prints one row per
+setting: median seconds per request and per decode step, and the median
+ratio to level 0 with its quartiles over all rounds, a 95% confidence
+interval of that median (distribution-free: order statistics over the
+rounds) and each start's own median. Rounds differ by more than the
+targets, so a target is shown met by an interval under it, not by a
+median; and a start differs from the next by 1 to 3% (its processes'
+layout), which the rounds' interval does not cover: read it beside the
+starts' medians. A second table gives the same ratios of the scheduler's
+CPU time a request (its threads' schedstat run time), which leaves out the
+time a VM's host took and other processes' turns on the cores: the wall
+time's largest noise here; a third, every server process's CPU time (the
+tokenizer's, the detokenizer's, ...). `--against DIR` (another checkout of
 this package, e.g. a `git worktree` of the commit before a change) also
 runs each setting but level 0 from DIR's code, as "<setting> @DIR's name",
 in the same rounds: a change measured side by side, not across days.
@@ -146,15 +151,37 @@ def stop(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def scheduler_pid(process: subprocess.Popen) -> int:
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of process `pid` so far, in ns (the kernel's
+    schedstat: without the time the VM's host took, or other processes ran)."""
+    total = 0
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{thread}/schedstat") as handle:
+                total += int(handle.read().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+    return total
+
+
+def server_pids(process: subprocess.Popen) -> dict[int, bytes]:
+    """Every process of a server (its session): pid -> command line."""
+    found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if handle.read().startswith(b"sglang::scheduler") and os.getsid(int(entry)) == process.pid:
-                        return int(entry)
+                if os.getsid(int(entry)) == process.pid:
+                    with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                        found[int(entry)] = handle.read()
             except OSError:
                 continue
+    return found
+
+
+def scheduler_pid(process: subprocess.Popen) -> int:
+    for pid, command in server_pids(process).items():
+        if command.startswith(b"sglang::scheduler"):
+            return pid
     raise SystemExit("no scheduler process found")
 
 
@@ -200,9 +227,9 @@ def pause(process: subprocess.Popen, paused: bool) -> None:
 
 
 def measure(python: str, model: str, names: list, scratch: str, number: int, rounds: int, tokens: int,
-            times: dict, ratios: dict) -> None:
+            times: dict, ratios: dict, cpu_ratios: dict, total_ratios: dict) -> None:
     """One start of every setting's server, then `rounds` rounds of one request each, side by side."""
-    servers = {}
+    servers, schedulers, everyone = {}, {}, {}
     try:
         for name in names:
             level, extra, root = setting_of(name)
@@ -210,20 +237,27 @@ def measure(python: str, model: str, names: list, scratch: str, number: int, rou
             os.makedirs(directory)
             servers[name] = start(python, model, level, extra, directory, root=root)
             generate(servers[name][1], tokens)  # warm-up: the first request's compile and allocations
+            schedulers[name] = scheduler_pid(servers[name][0])
+            everyone[name] = list(server_pids(servers[name][0]))
             pause(servers[name][0], True)
         for round_number in range(rounds):
             shift = round_number % len(names)
-            taken = {}
+            taken, cpu, total = {}, {}, {}
             for name in names[shift:] + names[:shift]:
                 process, port = servers[name]
                 pause(process, False)
                 try:
+                    began, all_began = cpu_ns(schedulers[name]), sum(map(cpu_ns, everyone[name]))
                     taken[name] = generate(port, tokens)
+                    cpu[name] = cpu_ns(schedulers[name]) - began
+                    total[name] = sum(map(cpu_ns, everyone[name])) - all_began
                 finally:
                     pause(process, True)
             for name in names:
                 times[name].append(taken[name])
                 ratios[name].append(taken[name] / taken["level 0"])
+                cpu_ratios[name].append(cpu[name] / cpu["level 0"])
+                total_ratios[name].append(total[name] / total["level 0"])
             print(f"start {number + 1} round {round_number + 1}: " + ", ".join(
                 f"{name} {taken[name]:.3f} s" for name in names), file=sys.stderr, flush=True)
     finally:
@@ -244,6 +278,15 @@ def median_interval(values: list, confidence: float = 0.95) -> "tuple[float, flo
         tail += math.comb(n, k) / 2 ** n
         k += 1
     return (ordered[k - 1], ordered[n - k]) if k else None
+
+
+def ratio_columns(name: str, ratios: list, rounds: int) -> str:
+    """A setting's ratios to level 0: median, quartiles, the median's 95% interval, each start's median."""
+    low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    interval = median_interval(ratios) if name != "level 0" else None
+    starts = ", ".join(f"{statistics.median(ratios[i:i + rounds]):.3f}" for i in range(0, len(ratios), rounds))
+    return (f"{statistics.median(ratios):10.3f} {low:5.3f}-{high:5.3f} "
+            f"{'' if interval is None else f'{interval[0]:.3f}-{interval[1]:.3f}':>14s}  {starts}")
 
 
 def main() -> None:
@@ -273,21 +316,27 @@ def main() -> None:
                        capture_output=True)
         times: dict[str, list[float]] = {name: [] for name in names}
         ratios: dict[str, list[float]] = {name: [] for name in names}
+        cpu_ratios: dict[str, list[float]] = {name: [] for name in names}
+        total_ratios: dict[str, list[float]] = {name: [] for name in names}
         for number in range(options.starts):
-            measure(python, model, names, scratch, number, options.rounds, options.tokens, times, ratios)
+            measure(python, model, names, scratch, number, options.rounds, options.tokens, times, ratios, cpu_ratios,
+                    total_ratios)
         width = max(map(len, names))
         if options.starts:
             print(f"{'setting':{width}s} {'s/request':>10s} {'ms/step':>8s} {'x level 0':>10s} {'quartiles':>12s} "
                   f"{'rounds 95% CI':>14s}  medians by start")
         for name in names if options.starts else ():
             median = statistics.median(times[name])
-            low, _, high = statistics.quantiles(ratios[name], n=4) if len(ratios[name]) > 1 else [ratios[name][0]] * 3
-            interval = median_interval(ratios[name]) if name != "level 0" else None
-            starts = ", ".join(f"{statistics.median(ratios[name][i:i + options.rounds]):.3f}"
-                               for i in range(0, len(ratios[name]), options.rounds))
             print(f"{name:{width}s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
-                  f"{statistics.median(ratios[name]):10.3f} {low:5.3f}-{high:5.3f} "
-                  f"{'' if interval is None else f'{interval[0]:.3f}-{interval[1]:.3f}':>14s}  {starts}", flush=True)
+                  f"{ratio_columns(name, ratios[name], options.rounds)}", flush=True)
+        for title, values in (("the scheduler's CPU time a request (all its threads; a VM's stolen time and other "
+                               "processes' turns left out)", cpu_ratios),
+                              ("every server process's CPU time a request", total_ratios)):
+            if options.starts:
+                print(f"\n{title}\n{'setting':{width}s} {'x level 0':>10s} {'quartiles':>12s} "
+                      f"{'rounds 95% CI':>14s}  medians by start")
+            for name in names if options.starts else ():
+                print(f"{name:{width}s} {ratio_columns(name, values[name], options.rounds)}", flush=True)
         if options.profile:
             for name in names:
                 profile(python, model, name, scratch, options.rounds, options.tokens)
