@@ -3,7 +3,7 @@ request's decode steps at level 0, in the black box (at levels 1 and 3), and
 at levels 1, 3 and 5, as ratios to level 0 measured side by side.
 
     python bench/sglang_server_cost.py [--starts 2] [--rounds 10] [--tokens 256] [--only SETTING] [--profile]
-                                       [--against DIR]
+                                       [--against DIR] [--sliced [SECONDS]]
 
 A server start differs from the next by more than the targets (up to 40%
 here: this machine's speed drifts, and the idle scheduler spins on a
@@ -28,6 +28,18 @@ this package, e.g. a `git worktree` of the commit before a change) also
 runs each setting but level 0 from DIR's code, as "<setting> @DIR's name",
 in the same rounds: a change measured side by side, not across days.
 
+`--sliced` measures what a request's wall time cannot resolve here (this
+machine's speed drifts by 10 to 50% within seconds): each round sends
+every setting's server its request at once and lets the servers run in
+turn, 0.05 s each (the others paused), until all have answered, so every
+setting's steps meet the same moments; each scheduler stamps its steps
+(a sitecustomize, STEPS), and a setting's figure for the round is its
+median step among those no pause cut. Its rows give the median step and
+its ratio to level 0's, as above. A second level-0 server runs beside
+them as the control ("level 0 again"): what two starts of the same code
+differ by (1 to 3%, their processes' layout), which only more starts
+average out.
+
 Needs SGLang's environment (bash .ci/sglang-env) and a tiny model it makes
 (tests/tiny_llama.py). With --profile, one more server per setting (those
 --only names, level 0 always among them) runs its scheduler's main thread
@@ -47,6 +59,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -58,7 +71,9 @@ SETTINGS = {  # name -> (level, environment)
     "level 3": (3, {}),
     "black box 3": (3, {"SGLANG_KERNEL_API_BLACKBOX": "1"}),  # arguments' metadata kept, no statistics
     "level 5": (5, {}),
+    "level 0 again": (0, {}),  # --sliced's control: a second level-0 server (what a start alone differs by)
 }
+CONTROL = "level 0 again"
 # A sitecustomize that `run`'s own start-up hook chains to: in every process
 # of the server, SIGUSR1 starts a profile of the main thread (the scheduler's
 # event loop), the next SIGUSR1 writes it to <dir>/<pid>.prof.
@@ -69,12 +84,35 @@ def _toggle(signum, frame):
     if _state:
         profile = _state.pop()
         profile.disable()
-        profile.dump_stats(os.path.join(os.environ["SGLANG_BENCH_PROFILE_DIR"], f"{os.getpid()}.prof"))
+        profile.dump_stats(os.path.join(os.environ["SGLANG_BENCH_DIR"], f"{os.getpid()}.prof"))
     else:
         _state.append(cProfile.Profile())
         _state[0].enable()
-if os.environ.get("SGLANG_BENCH_PROFILE_DIR"):
+if os.environ.get("SGLANG_BENCH_DIR"):
     signal.signal(signal.SIGUSR1, _toggle)
+"""
+# --sliced's: the scheduler stamps each entry into Scheduler.run_batch, once
+# a step (two stamps apart: one whole step, whatever wraps it); SIGUSR1
+# writes the stamps since the last time to <dir>/<pid>.steps.
+STEPS = """
+import os, signal, time
+if os.environ.get("SGLANG_BENCH_DIR"):
+    from sglang_otel_kernels.capture.import_hooks import when_imported
+    _stamps = []
+    def _write(signum, frame):
+        path = os.path.join(os.environ["SGLANG_BENCH_DIR"], f"{os.getpid()}.steps")
+        with open(path + ".part", "w") as out:
+            out.write(" ".join(map(str, _stamps)))
+        os.replace(path + ".part", path)
+        _stamps.clear()
+    def _stamped(module):
+        original = module.Scheduler.run_batch
+        def run_batch(*args, _clock=time.perf_counter_ns, _stamp=_stamps.append, **kwargs):
+            _stamp(_clock())
+            return original(*args, **kwargs)
+        module.Scheduler.run_batch = run_batch
+        signal.signal(signal.SIGUSR1, _write)
+    when_imported("sglang.srt.managers.scheduler", _stamped)
 """
 
 
@@ -102,12 +140,14 @@ def free_port() -> int:
 
 
 def start(python: str, model: str, level: int, extra: dict, directory: str,
-          profiler: str | None = None, root: str = ROOT) -> tuple[subprocess.Popen, int]:
+          hook: str | None = None, root: str = ROOT) -> tuple[subprocess.Popen, int]:
+    """A server of `level` (and `extra` environment) from `root`'s code, its
+    files in `directory`; `hook`: a directory of a sitecustomize (PROFILER, STEPS)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_KERNEL_API", "OTEL_"))}
-    if profiler:
-        env["SGLANG_BENCH_PROFILE_DIR"] = directory
-    env.update(PYTHONPATH=os.pathsep.join([root, *([profiler] if profiler else [])]), SGLANG_USE_CPU_ENGINE="1", SGLANG_KERNEL_API_LOGLEVEL=str(level),
+    if hook:
+        env["SGLANG_BENCH_DIR"] = directory
+    env.update(PYTHONPATH=os.pathsep.join([root, *([hook] if hook else [])]), SGLANG_USE_CPU_ENGINE="1", SGLANG_KERNEL_API_LOGLEVEL=str(level),
                SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_TRACEFILE=os.path.join(directory, "trace_%i.sgltrace"),
                **extra)
     command = [python, "-m", "sglang_otel_kernels", "run", "--", python, "-m", "sglang.launch_server",
@@ -185,17 +225,22 @@ def scheduler_pid(process: subprocess.Popen) -> int:
     raise SystemExit("no scheduler process found")
 
 
+def hook_directory(scratch: str, name: str, code: str) -> str:
+    """A directory under `scratch` holding `code` as its sitecustomize."""
+    hook = os.path.join(scratch, name)
+    os.makedirs(hook, exist_ok=True)
+    with open(os.path.join(hook, "sitecustomize.py"), "w") as out:
+        out.write(code)
+    return hook
+
+
 def profile(python: str, model: str, name: str, scratch: str, requests: int, tokens: int) -> None:
     """The scheduler's main thread under cProfile for `requests` timed requests: the functions that
     take most of a decode step, by their own time and with what they call."""
     level, extra, root = setting_of(name)
     directory = os.path.join(scratch, f"profile-{name.replace(' ', '-').replace('@', '')}")
     os.makedirs(directory)
-    hook = os.path.join(scratch, "profiler")
-    os.makedirs(hook, exist_ok=True)
-    with open(os.path.join(hook, "sitecustomize.py"), "w") as out:
-        out.write(PROFILER)
-    process, port = start(python, model, level, extra, directory, hook, root)
+    process, port = start(python, model, level, extra, directory, hook_directory(scratch, "profiler", PROFILER), root)
     try:
         generate(port, tokens)
         pid = scheduler_pid(process)
@@ -224,6 +269,13 @@ def profile(python: str, model: str, name: str, scratch: str, requests: int, tok
 def pause(process: subprocess.Popen, paused: bool) -> None:
     """Every process of a server stopped (SIGSTOP: no idle spinning beside the one measured) or resumed."""
     os.killpg(process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
+
+def stop_all(servers: dict) -> None:
+    """Every server (name -> (process, port)) resumed, then stopped."""
+    for process, _ in servers.values():
+        pause(process, False)
+        stop(process)
 
 
 def measure(python: str, model: str, names: list, scratch: str, number: int, rounds: int, tokens: int,
@@ -261,9 +313,94 @@ def measure(python: str, model: str, names: list, scratch: str, number: int, rou
             print(f"start {number + 1} round {round_number + 1}: " + ", ".join(
                 f"{name} {taken[name]:.3f} s" for name in names), file=sys.stderr, flush=True)
     finally:
-        for process, _ in servers.values():
-            pause(process, False)
-            stop(process)
+        stop_all(servers)
+
+
+def step_stamps(directory: str, pid: int) -> list[int]:
+    """The scheduler's step stamps (STEPS) since the last call, in ns; the server must be running."""
+    path = os.path.join(directory, f"{pid}.steps")
+    if os.path.exists(path):
+        os.remove(path)
+    os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the scheduler {pid} wrote no step stamps; see {directory}/server.log")
+        time.sleep(0.01)
+    with open(path) as handle:
+        return [int(stamp) for stamp in handle.read().split()]
+
+
+def running_steps(stamps: list[int], paused: list[tuple[int, int]]) -> list[float]:
+    """The steps (us) between consecutive stamps that no pause of the server
+    overlapped (`paused`: windows (paused at, resumed at) that hold each
+    real pause, taken before SIGSTOP and after SIGCONT)."""
+    return [(after - before) / 1000 for before, after in zip(stamps, stamps[1:])
+            if not any(before < resumed and after > stopped for stopped, resumed in paused)]
+
+
+def measure_sliced(python: str, model: str, names: list, scratch: str, number: int, rounds: int, tokens: int,
+                   slice_s: float, steps: dict, ratios: dict) -> None:
+    """One start of every setting's server; each round sends one request to
+    each at once and lets them run in turn, `slice_s` each (the others
+    paused), so that every setting meets the machine's speed of the same
+    moments; a setting's figure is its median step between pauses."""
+    hook = hook_directory(scratch, "steps", STEPS)
+    servers, schedulers, directories = {}, {}, {}
+    try:
+        for name in names:
+            level, extra, root = setting_of(name)
+            directory = directories[name] = os.path.join(scratch, f"sliced-{name.replace(' ', '-').replace('@', '')}-{number}")
+            os.makedirs(directory)
+            servers[name] = start(python, model, level, extra, directory, hook, root)
+            generate(servers[name][1], tokens)  # warm-up
+            schedulers[name] = scheduler_pid(servers[name][0])
+            pause(servers[name][0], True)
+        for round_number in range(rounds):
+            paused: dict[str, list[list[int]]] = {}
+            for name in names:  # stamps from the round alone
+                pause(servers[name][0], False)
+                step_stamps(directories[name], schedulers[name])
+                paused[name] = [[time.perf_counter_ns(), 0]]
+                pause(servers[name][0], True)
+            failures: list[BaseException] = []
+
+            def request(port: int) -> None:
+                try:
+                    generate(port, tokens)
+                except BaseException as exc:  # told after the round: the slices go on for the others
+                    failures.append(exc)
+
+            clients = {name: threading.Thread(target=request, args=(servers[name][1],), daemon=True) for name in names}
+            for client in clients.values():
+                client.start()
+            turn = round_number
+            while any(client.is_alive() for client in clients.values()):
+                name = names[turn % len(names)]
+                turn += 1
+                if not clients[name].is_alive():
+                    continue
+                pause(servers[name][0], False)
+                paused[name][-1][1] = time.perf_counter_ns()
+                time.sleep(slice_s)
+                paused[name].append([time.perf_counter_ns(), 0])
+                pause(servers[name][0], True)
+            if failures:
+                raise failures[0]
+            medians = {}
+            for name in names:
+                pause(servers[name][0], False)
+                stamps = step_stamps(directories[name], schedulers[name])
+                pause(servers[name][0], True)
+                windows = [(stopped, resumed or 1 << 62) for stopped, resumed in paused[name]]
+                medians[name] = statistics.median(running_steps(stamps, windows))
+            for name in names:
+                steps[name].append(medians[name])
+                ratios[name].append(medians[name] / medians["level 0"])
+            print(f"start {number + 1} round {round_number + 1}: " + ", ".join(
+                f"{name} {medians[name] / 1000:.3f} ms" for name in names), file=sys.stderr, flush=True)
+    finally:
+        stop_all(servers)
 
 
 def median_interval(values: list, confidence: float = 0.95) -> "tuple[float, float] | None":
@@ -299,47 +436,77 @@ def main() -> None:
                         help="also run each setting but level 0 from this checkout's code, in the same rounds")
     parser.add_argument("--profile", action="store_true",
                         help="then profile the scheduler in each setting measured (--starts 0: profile only)")
+    parser.add_argument("--sliced", type=float, metavar="SECONDS", nargs="?", const=0.05,
+                        help="time each setting's steps with all requests in flight at once, each server running "
+                             "in turn this long (0.05 s), beside a second level-0 server as the control")
     options = parser.parse_args()
     python = environment_python()
-    names = options.only or list(SETTINGS)
+    names = options.only or [name for name in SETTINGS if name != CONTROL]
     if "level 0" not in names:
         names.insert(0, "level 0")
+    if options.sliced is not None:
+        if options.sliced <= 0:
+            raise SystemExit("--sliced: the slice must be more than 0 seconds")
+        if CONTROL not in names:
+            names.insert(1, CONTROL)
     if options.against:
         against = os.path.abspath(options.against)
         if not os.path.isfile(os.path.join(against, "sglang_otel_kernels", "__init__.py")):
             raise SystemExit(f"--against {options.against}: no sglang_otel_kernels package there")
         AGAINST[os.path.basename(against)] = against
-        names += [f"{name} @{os.path.basename(against)}" for name in names if name != "level 0"]
+        names += [f"{name} @{os.path.basename(against)}" for name in names if name not in ("level 0", CONTROL)]
     with tempfile.TemporaryDirectory() as scratch:
         model = os.path.join(scratch, "model")
         subprocess.run([python, os.path.join(ROOT, "tests", "tiny_llama.py"), model, "--dummy"], check=True,
                        capture_output=True)
-        times: dict[str, list[float]] = {name: [] for name in names}
-        ratios: dict[str, list[float]] = {name: [] for name in names}
-        cpu_ratios: dict[str, list[float]] = {name: [] for name in names}
-        total_ratios: dict[str, list[float]] = {name: [] for name in names}
-        for number in range(options.starts):
-            measure(python, model, names, scratch, number, options.rounds, options.tokens, times, ratios, cpu_ratios,
-                    total_ratios)
         width = max(map(len, names))
-        if options.starts:
-            print(f"{'setting':{width}s} {'s/request':>10s} {'ms/step':>8s} {'x level 0':>10s} {'quartiles':>12s} "
-                  f"{'rounds 95% CI':>14s}  medians by start")
-        for name in names if options.starts else ():
-            median = statistics.median(times[name])
-            print(f"{name:{width}s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
-                  f"{ratio_columns(name, ratios[name], options.rounds)}", flush=True)
-        for title, values in (("the scheduler's CPU time a request (all its threads; a VM's stolen time and other "
-                               "processes' turns left out)", cpu_ratios),
-                              ("every server process's CPU time a request", total_ratios)):
-            if options.starts:
-                print(f"\n{title}\n{'setting':{width}s} {'x level 0':>10s} {'quartiles':>12s} "
-                      f"{'rounds 95% CI':>14s}  medians by start")
-            for name in names if options.starts else ():
-                print(f"{name:{width}s} {ratio_columns(name, values[name], options.rounds)}", flush=True)
+        if options.sliced is not None:
+            sliced(python, model, names, scratch, options, width)
+        else:
+            side_by_side(python, model, names, scratch, options, width)
         if options.profile:
             for name in names:
                 profile(python, model, name, scratch, options.rounds, options.tokens)
+
+
+def sliced(python: str, model: str, names: list, scratch: str, options: argparse.Namespace, width: int) -> None:
+    steps: dict[str, list[float]] = {name: [] for name in names}
+    ratios: dict[str, list[float]] = {name: [] for name in names}
+    for number in range(options.starts):
+        measure_sliced(python, model, names, scratch, number, options.rounds, options.tokens, options.sliced, steps,
+                       ratios)
+    if not options.starts:
+        return
+    print(f"{'setting':{width}s} {'ms/step':>8s} {'x level 0':>10s} {'quartiles':>12s} "
+          f"{'rounds 95% CI':>14s}  medians by start")
+    for name in names:
+        print(f"{name:{width}s} {statistics.median(steps[name]) / 1000:8.3f} "
+              f"{ratio_columns(name, ratios[name], options.rounds)}", flush=True)
+
+
+def side_by_side(python: str, model: str, names: list, scratch: str, options: argparse.Namespace, width: int) -> None:
+    times: dict[str, list[float]] = {name: [] for name in names}
+    ratios: dict[str, list[float]] = {name: [] for name in names}
+    cpu_ratios: dict[str, list[float]] = {name: [] for name in names}
+    total_ratios: dict[str, list[float]] = {name: [] for name in names}
+    for number in range(options.starts):
+        measure(python, model, names, scratch, number, options.rounds, options.tokens, times, ratios, cpu_ratios,
+                total_ratios)
+    if not options.starts:
+        return
+    print(f"{'setting':{width}s} {'s/request':>10s} {'ms/step':>8s} {'x level 0':>10s} {'quartiles':>12s} "
+          f"{'rounds 95% CI':>14s}  medians by start")
+    for name in names:
+        median = statistics.median(times[name])
+        print(f"{name:{width}s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
+              f"{ratio_columns(name, ratios[name], options.rounds)}", flush=True)
+    for title, values in (("the scheduler's CPU time a request (all its threads; a VM's stolen time and other "
+                           "processes' turns left out)", cpu_ratios),
+                          ("every server process's CPU time a request", total_ratios)):
+        print(f"\n{title}\n{'setting':{width}s} {'x level 0':>10s} {'quartiles':>12s} "
+              f"{'rounds 95% CI':>14s}  medians by start")
+        for name in names:
+            print(f"{name:{width}s} {ratio_columns(name, values[name], options.rounds)}", flush=True)
 
 
 if __name__ == "__main__":
