@@ -225,6 +225,13 @@ def scheduler_pid(process: subprocess.Popen) -> int:
     raise SystemExit("no scheduler process found")
 
 
+def setting_directory(scratch: str, kind: str, name: str, number: int = 0) -> str:
+    """A new directory for one server of setting `name` (its files, its trace file, its hook's output)."""
+    directory = os.path.join(scratch, f"{kind}-{name.replace(' ', '-').replace('@', '')}-{number}")
+    os.makedirs(directory)
+    return directory
+
+
 def hook_directory(scratch: str, name: str, code: str) -> str:
     """A directory under `scratch` holding `code` as its sitecustomize."""
     hook = os.path.join(scratch, name)
@@ -238,8 +245,7 @@ def profile(python: str, model: str, name: str, scratch: str, requests: int, tok
     """The scheduler's main thread under cProfile for `requests` timed requests: the functions that
     take most of a decode step, by their own time and with what they call."""
     level, extra, root = setting_of(name)
-    directory = os.path.join(scratch, f"profile-{name.replace(' ', '-').replace('@', '')}")
-    os.makedirs(directory)
+    directory = setting_directory(scratch, "profile", name)
     process, port = start(python, model, level, extra, directory, hook_directory(scratch, "profiler", PROFILER), root)
     try:
         generate(port, tokens)
@@ -271,6 +277,21 @@ def pause(process: subprocess.Popen, paused: bool) -> None:
     os.killpg(process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
 
 
+def start_all(python: str, model: str, names: list, scratch: str, kind: str, number: int, tokens: int,
+              servers: dict, hook: str | None = None) -> dict[str, str]:
+    """Every setting's server started into `servers` (name -> (process, port)),
+    given one warm-up request (the first request's compile and allocations),
+    then paused; returns each one's directory."""
+    directories = {}
+    for name in names:
+        level, extra, root = setting_of(name)
+        directories[name] = setting_directory(scratch, kind, name, number)
+        servers[name] = start(python, model, level, extra, directories[name], hook, root)
+        generate(servers[name][1], tokens)
+        pause(servers[name][0], True)
+    return directories
+
+
 def stop_all(servers: dict) -> None:
     """Every server (name -> (process, port)) resumed, then stopped."""
     for process, _ in servers.values():
@@ -281,17 +302,11 @@ def stop_all(servers: dict) -> None:
 def measure(python: str, model: str, names: list, scratch: str, number: int, rounds: int, tokens: int,
             times: dict, ratios: dict, cpu_ratios: dict, total_ratios: dict) -> None:
     """One start of every setting's server, then `rounds` rounds of one request each, side by side."""
-    servers, schedulers, everyone = {}, {}, {}
+    servers: dict = {}
     try:
-        for name in names:
-            level, extra, root = setting_of(name)
-            directory = os.path.join(scratch, f"{name.replace(' ', '-').replace('@', '')}-{number}")
-            os.makedirs(directory)
-            servers[name] = start(python, model, level, extra, directory, root=root)
-            generate(servers[name][1], tokens)  # warm-up: the first request's compile and allocations
-            schedulers[name] = scheduler_pid(servers[name][0])
-            everyone[name] = list(server_pids(servers[name][0]))
-            pause(servers[name][0], True)
+        start_all(python, model, names, scratch, "side-by-side", number, tokens, servers)
+        schedulers = {name: scheduler_pid(process) for name, (process, _) in servers.items()}
+        everyone = {name: list(server_pids(process)) for name, (process, _) in servers.items()}
         for round_number in range(rounds):
             shift = round_number % len(names)
             taken, cpu, total = {}, {}, {}
@@ -345,24 +360,24 @@ def measure_sliced(python: str, model: str, names: list, scratch: str, number: i
     each at once and lets them run in turn, `slice_s` each (the others
     paused), so that every setting meets the machine's speed of the same
     moments; a setting's figure is its median step between pauses."""
-    hook = hook_directory(scratch, "steps", STEPS)
-    servers, schedulers, directories = {}, {}, {}
+    servers: dict = {}
     try:
-        for name in names:
-            level, extra, root = setting_of(name)
-            directory = directories[name] = os.path.join(scratch, f"sliced-{name.replace(' ', '-').replace('@', '')}-{number}")
-            os.makedirs(directory)
-            servers[name] = start(python, model, level, extra, directory, hook, root)
-            generate(servers[name][1], tokens)  # warm-up
-            schedulers[name] = scheduler_pid(servers[name][0])
-            pause(servers[name][0], True)
+        directories = start_all(python, model, names, scratch, "sliced", number, tokens, servers,
+                                hook_directory(scratch, "steps", STEPS))
+        schedulers = {name: scheduler_pid(process) for name, (process, _) in servers.items()}
+
+        def stamps(name: str) -> list[int]:
+            pause(servers[name][0], False)
+            try:
+                return step_stamps(directories[name], schedulers[name])
+            finally:
+                pause(servers[name][0], True)
+
         for round_number in range(rounds):
             paused: dict[str, list[list[int]]] = {}
             for name in names:  # stamps from the round alone
-                pause(servers[name][0], False)
-                step_stamps(directories[name], schedulers[name])
+                stamps(name)
                 paused[name] = [[time.perf_counter_ns(), 0]]
-                pause(servers[name][0], True)
             failures: list[BaseException] = []
 
             def request(port: int) -> None:
@@ -389,11 +404,8 @@ def measure_sliced(python: str, model: str, names: list, scratch: str, number: i
                 raise failures[0]
             medians = {}
             for name in names:
-                pause(servers[name][0], False)
-                stamps = step_stamps(directories[name], schedulers[name])
-                pause(servers[name][0], True)
                 windows = [(stopped, resumed or 1 << 62) for stopped, resumed in paused[name]]
-                medians[name] = statistics.median(running_steps(stamps, windows))
+                medians[name] = statistics.median(running_steps(stamps(name), windows))
             for name in names:
                 steps[name].append(medians[name])
                 ratios[name].append(medians[name] / medians["level 0"])
@@ -415,6 +427,9 @@ def median_interval(values: list, confidence: float = 0.95) -> "tuple[float, flo
         tail += math.comb(n, k) / 2 ** n
         k += 1
     return (ordered[k - 1], ordered[n - k]) if k else None
+
+
+RATIO_HEADER = f"{'x level 0':>10s} {'quartiles':>12s} {'rounds 95% CI':>14s}  medians by start"
 
 
 def ratio_columns(name: str, ratios: list, rounds: int) -> str:
@@ -465,7 +480,7 @@ def main() -> None:
         else:
             side_by_side(python, model, names, scratch, options, width)
         if options.profile:
-            for name in names:
+            for name in (name for name in names if name != CONTROL):  # the control runs level 0's code
                 profile(python, model, name, scratch, options.rounds, options.tokens)
 
 
@@ -477,8 +492,7 @@ def sliced(python: str, model: str, names: list, scratch: str, options: argparse
                        ratios)
     if not options.starts:
         return
-    print(f"{'setting':{width}s} {'ms/step':>8s} {'x level 0':>10s} {'quartiles':>12s} "
-          f"{'rounds 95% CI':>14s}  medians by start")
+    print(f"{'setting':{width}s} {'ms/step':>8s} {RATIO_HEADER}")
     for name in names:
         print(f"{name:{width}s} {statistics.median(steps[name]) / 1000:8.3f} "
               f"{ratio_columns(name, ratios[name], options.rounds)}", flush=True)
@@ -494,8 +508,7 @@ def side_by_side(python: str, model: str, names: list, scratch: str, options: ar
                 total_ratios)
     if not options.starts:
         return
-    print(f"{'setting':{width}s} {'s/request':>10s} {'ms/step':>8s} {'x level 0':>10s} {'quartiles':>12s} "
-          f"{'rounds 95% CI':>14s}  medians by start")
+    print(f"{'setting':{width}s} {'s/request':>10s} {'ms/step':>8s} {RATIO_HEADER}")
     for name in names:
         median = statistics.median(times[name])
         print(f"{name:{width}s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
@@ -503,8 +516,7 @@ def side_by_side(python: str, model: str, names: list, scratch: str, options: ar
     for title, values in (("the scheduler's CPU time a request (all its threads; a VM's stolen time and other "
                            "processes' turns left out)", cpu_ratios),
                           ("every server process's CPU time a request", total_ratios)):
-        print(f"\n{title}\n{'setting':{width}s} {'x level 0':>10s} {'quartiles':>12s} "
-              f"{'rounds 95% CI':>14s}  medians by start")
+        print(f"\n{title}\n{'setting':{width}s} {RATIO_HEADER}")
         for name in names:
             print(f"{name:{width}s} {ratio_columns(name, values[name], options.rounds)}", flush=True)
 

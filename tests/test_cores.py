@@ -202,7 +202,7 @@ def test_the_compiled_rings_records_are_the_python_writers_byte_for_byte(tmp_pat
     """Each record the compiled ring copies (header, sequence, CRC, payload)
     is byte for byte what the Python writer's inline path copies."""
     sample = random.Random(7)
-    for size in (*range(200), 1000):  # every path: bytes alone, folded 16 and 64 at a time, and their tails
+    for size in (*range(200), 1000):  # every path: a byte and 8 at a time, folded 64 then 16 at a time from 64 up
         data = bytes(sample.getrandbits(8) for _ in range(size))
         assert core.native.crc32(data) == zlib.crc32(data)
     payloads = [(5, bytes(sample.getrandbits(8) for _ in range(63))), (1, bytes(range(17))), (0, b"\x00" * 5)]

@@ -253,11 +253,11 @@ class _BatchScope:
                                                    kind=SpanKind.INTERNAL,
                                                    attributes={REQUEST_ID: request_id} if request_id else None,
                                                    links=batch_link) for span_context, request_id in traced]
-        if not several:
-            request_spans = ()
-        # The request spans copies go under, made only where there are any (no generator frame every step).
-        copies_under = tuple((span.get_span_context(), request_id)
-                             for span, (_, request_id) in zip(request_spans, traced)) if several else ()
+        if several:  # the request spans copies go under (no generator frame every step where there are none)
+            copies_under = tuple((span.get_span_context(), request_id)
+                                 for span, (_, request_id) in zip(request_spans, traced))
+        else:
+            request_spans = copies_under = ()
         published = batches.Batch(copies_under, names, _row_counts(rows, size))
         self._batch, self._request_spans = batch, request_spans
         self._state = per_thread.state
