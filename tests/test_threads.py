@@ -64,3 +64,62 @@ def test_many_threads(record, provider, tmp_path):
     )
     for block in blocks:
         assert pattern.match(block), block
+
+
+def test_threads_taking_turns_record_their_own_calls_in_the_trace_file(tmp_path):
+    """Into the trace file alone (the compiled core's own path, where it is
+    built): a thread's call in flight while another thread records, and a
+    new thread after one ended, each nest their calls in their own and are
+    named as themselves."""
+    from sglang_otel_kernels.record import core
+
+    path = tmp_path / "t.sgltrace"
+    sok.configure(level=1, log_dest="off", trace_file=str(path), export_sidecar=False)
+    a_inside, b_done = threading.Event(), threading.Event()
+
+    def body(x):
+        if threading.current_thread().name == "A" and not a_inside.is_set():
+            a_inside.set()  # A's call stays in flight while B records
+            assert b_done.wait(60)
+        return inner(x)
+
+    inner = sok.debug_kernel_api(op_name="inner")(lambda x: x + 1)
+    outer = sok.debug_kernel_api(op_name="outer")(body)
+    x = torch.ones(2)
+
+    def run(name, before=None, after=None):
+        def calls():
+            outer(x)  # a thread's first call goes through Python, which names the thread in the file
+            if before:
+                assert before.wait(60)
+            outer(x)
+            if after:
+                after.set()
+            outer(x)
+        thread = threading.Thread(target=calls, name=name)
+        thread.start()
+        return thread
+
+    try:
+        outer(x)
+        before = core.native.recorded() if core.NATIVE else 0
+        a = run("A")
+        b = run("B", before=a_inside, after=b_done)
+        a.join(), b.join()
+        run("C").join()  # a thread made after others ended
+        outer(x)
+        spans = sok.read_trace_file(str(path)).spans
+    finally:
+        sok.configure(level=0, trace_file="off")
+    if core.NATIVE:
+        assert core.native.recorded() - before >= 3 * 2 * 2 + 2  # each thread's later calls and this one's in C
+    by_id = {s.span_id: s for s in spans}
+    threads = [s.thread_name for s in spans if s.name == "outer"]
+    assert sorted(threads) == ["A"] * 3 + ["B"] * 3 + ["C"] * 3 + [threading.current_thread().name] * 2
+    for span in spans:
+        assert not span.in_flight
+        if span.name == "inner":
+            parent = by_id[span.parent_span_id]
+            assert (parent.name, parent.thread_name) == ("outer", span.thread_name)
+        else:
+            assert span.parent_span_id not in by_id  # no call of another thread around it
