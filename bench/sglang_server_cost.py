@@ -331,19 +331,25 @@ def measure(python: str, model: str, names: list, scratch: str, number: int, rou
         stop_all(servers)
 
 
-def step_stamps(directory: str, pid: int) -> list[int]:
-    """The scheduler's step stamps (STEPS) since the last call, in ns; the server must be running."""
-    path = os.path.join(directory, f"{pid}.steps")
+def hook_output(directory: str, pid: int, suffix: str, signum: int) -> str:
+    """What a hook of the scheduler `pid` writes to <directory>/<pid><suffix> when
+    sent `signum` (it writes a part file, then renames it); the server must be running."""
+    path = os.path.join(directory, f"{pid}{suffix}")
     if os.path.exists(path):
         os.remove(path)
-    os.kill(pid, signal.SIGUSR1)
+    os.kill(pid, signum)
     deadline = time.monotonic() + 60
     while not os.path.exists(path):
         if time.monotonic() > deadline:
-            raise SystemExit(f"the scheduler {pid} wrote no step stamps; see {directory}/server.log")
+            raise SystemExit(f"the scheduler {pid} wrote no {suffix} file; see {directory}/server.log")
         time.sleep(0.01)
     with open(path) as handle:
-        return [int(stamp) for stamp in handle.read().split()]
+        return handle.read()
+
+
+def step_stamps(directory: str, pid: int) -> list[int]:
+    """The scheduler's step stamps (STEPS) since the last call, in ns."""
+    return [int(stamp) for stamp in hook_output(directory, pid, ".steps", signal.SIGUSR1).split()]
 
 
 def running_steps(stamps: list[int], paused: list[tuple[int, int]]) -> list[float]:

@@ -1419,7 +1419,40 @@ out:
     return done;
 }
 
+#ifdef SOK_TIMING
+/* A build for bench/sglang_own_time.py: the time the calls this core records
+ * spend outside their kernels, summed (four clock reads a call, in it). */
+static long long timing_own, timing_calls;
+
+static PyObject *timing(PyObject *module, PyObject *unused) {
+    return Py_BuildValue("LL", timing_calls, timing_own);
+}
+
+static PyObject *recorded_call_timed(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                                     long long *kernel_ns);
+
 static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    long long kernel = -1, entered = now_ns(); /* -1: not recorded here (the Python path records it) */
+    PyObject *result = recorded_call_timed(self, args, nargsf, kwnames, &kernel);
+    if (kernel >= 0) { /* the kernel's time holds the calls it made: their own time is theirs */
+        timing_own += now_ns() - entered - kernel;
+        timing_calls++;
+    }
+    return result;
+}
+
+#define RECORDED_CALL recorded_call_timed
+#define TIMED_PARAMETER , long long *kernel_ns
+#define KERNEL_BEGINS() long long kernel_began = now_ns()
+#define KERNEL_ENDED() (*kernel_ns = now_ns() - kernel_began)
+#else
+#define RECORDED_CALL recorded_call
+#define TIMED_PARAMETER
+#define KERNEL_BEGINS() ((void)0)
+#define KERNEL_ENDED() ((void)0)
+#endif
+
+static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames TIMED_PARAMETER) {
     if (compiling())
         return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
     int describe = self->level > core.bare_upto; /* its arguments too */
@@ -1568,7 +1601,9 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
     if (PyList_SetItem(state, 2, Py_NewRef(call)) < 0)
         goto fail;
 
+    KERNEL_BEGINS();
     result = PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+    KERNEL_ENDED();
 
     PyList_SetItem(state, 2, Py_NewRef(outer));
     if (result == NULL) {
@@ -1899,6 +1934,9 @@ static PyMethodDef module_methods[] = {
     {"seed", seed, METH_O, "Seeds the span and trace ids (32 bytes)."},
     {"next_seq", next_seq, METH_NOARGS, "The next call number, shared with the compiled wrappers."},
     {"recorded", recorded, METH_NOARGS, "How many calls this core recorded itself (the others went through Python)."},
+#ifdef SOK_TIMING
+    {"timing", timing, METH_NOARGS, "(calls, ns outside their kernels): SOK_TIMING's build only."},
+#endif
     {"reset_seq", reset_seq, METH_NOARGS, "After fork, in the child: numbering anew."},
     {"crc32", crc32_py, METH_O, "CRC-32 as zlib.crc32 computes it (for the tests)."},
     {"counter_span", (PyCFunction)(void (*)(void))counter_span, METH_FASTCALL,

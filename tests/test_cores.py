@@ -394,6 +394,39 @@ def test_the_wheel_holds_the_compiled_core_and_the_sdist_installs_without_a_comp
     assert check.stderr.count("the pure-Python recording core runs: the compiled core is not built here") == 1
 
 
+TIMED = r"""
+import time, sglang_otel_kernels as sok
+from sglang_otel_kernels.record import core
+sok.configure(level=1, log_dest="off", trace_file="t.sgltrace", export_sidecar=False)
+inner = sok.debug_kernel_api(op_name="inner")(lambda: time.sleep(0.002))
+outer = sok.debug_kernel_api(op_name="outer")(lambda: inner())
+outer(), outer()  # the first calls go through Python, which names the kernels in the file
+(calls, own), recorded = core.native.timing(), core.native.recorded()
+for _ in range(50):
+    outer()
+print(sok.__file__, core.native.timing()[0] - calls, core.native.recorded() - recorded, core.native.timing()[1] - own)
+"""
+
+
+@pytest.mark.skipif(core.native is None, reason="built by the compiler that built the compiled core")
+def test_the_timing_build_sums_the_own_time_of_the_calls_it_records(tmp_path, monkeypatch):
+    """bench/sglang_own_time.py's build of the core (SOK_TIMING) counts the
+    calls it records and their time outside their kernels: a nested call's
+    time is not its caller's own."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from sglang_own_time import timing_build
+
+    root = timing_build(str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", TIMED], cwd=tmp_path, env=clean_env(PYTHONPATH=root),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    path, calls, recorded, own = run.stdout.split()
+    assert path == str(Path(root) / "sglang_otel_kernels" / "__init__.py")
+    assert int(calls) == int(recorded) == 100
+    # 100 calls' own time, each a few microseconds, far under the 50 sleeps of 2 ms inside the outer calls.
+    assert 0 < int(own) < 20_000_000
+
+
 @pytest.mark.skipif(core.native is None, reason="the compiled wrapper's own check")
 def test_the_compiled_wrapper_calls_straight_through_while_torch_compiles(tmp_path):
     """While torch.compiler says it compiles (an export's or AOT trace's
