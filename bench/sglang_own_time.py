@@ -30,8 +30,10 @@ import subprocess
 import sys
 import tempfile
 
-from sglang_server_cost import (ROOT, SETTINGS, environment_python, generate, hook_directory, hook_output,
-                                scheduler_pid, setting_directory, start, stop)
+import sglang_otel_kernels as sok
+from sglang_otel_kernels.schema import SEQ
+from sglang_server_cost import (CONTROL, ROOT, SETTINGS, environment_python, generate, hook_directory, hook_output,
+                                scheduler_pid, setting_directory, start, stop, tiny_model)
 
 # In every process of the server: the batch span's parts timed; SIGUSR2
 # writes the totals so far to <dir>/<pid>.own.
@@ -93,16 +95,14 @@ def totals(directory: str, pid: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--setting", default="black box", choices=sorted(set(SETTINGS) - {"level 0", "level 0 again"}))
+    parser.add_argument("--setting", default="black box", choices=sorted(set(SETTINGS) - {"level 0", CONTROL}))
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=256, help="decode steps per request")
     options = parser.parse_args()
     python = environment_python()
     level, extra = SETTINGS[options.setting]
     with tempfile.TemporaryDirectory() as scratch:
-        model = os.path.join(scratch, "model")
-        subprocess.run([python, os.path.join(ROOT, "tests", "tiny_llama.py"), model, "--dummy"], check=True,
-                       capture_output=True)
+        model = tiny_model(python, scratch)
         root = timing_build(scratch)
         directory = setting_directory(scratch, "own", options.setting)
         process, port = start(python, model, level, extra, directory, hook_directory(scratch, "own", HOOK), root)
@@ -125,11 +125,9 @@ def main() -> None:
                 before = after
         finally:
             stop(process)
-        import sglang_otel_kernels as sok
-
         kernel_calls = sum(1 for name in os.listdir(directory) if name.endswith(".sgltrace")
                            for span in sok.read_trace_file(os.path.join(directory, name)).spans
-                           if "sglang.kernel.seq" in span.attributes)
+                           if SEQ in span.attributes)
         print(f"kernel calls in the scheduler's trace file: {kernel_calls}, of which the compiled core recorded "
               f"{before['all']} (the others' own time, the Python path's, is not in the figures)")
 

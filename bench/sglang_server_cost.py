@@ -131,6 +131,14 @@ def environment_python() -> str:
     return os.path.join(proc.stdout.strip().splitlines()[-1], "bin", "python")
 
 
+def tiny_model(python: str, scratch: str) -> str:
+    """The tests' tiny model (dummy weights) made under `scratch`; its folder."""
+    model = os.path.join(scratch, "model")
+    subprocess.run([python, os.path.join(ROOT, "tests", "tiny_llama.py"), model, "--dummy"], check=True,
+                   capture_output=True)
+    return model
+
+
 def free_port() -> int:
     import socket
 
@@ -477,9 +485,7 @@ def main() -> None:
         AGAINST[os.path.basename(against)] = against
         names += [f"{name} @{os.path.basename(against)}" for name in names if name not in ("level 0", CONTROL)]
     with tempfile.TemporaryDirectory() as scratch:
-        model = os.path.join(scratch, "model")
-        subprocess.run([python, os.path.join(ROOT, "tests", "tiny_llama.py"), model, "--dummy"], check=True,
-                       capture_output=True)
+        model = tiny_model(python, scratch)
         width = max(map(len, names))
         if options.sliced is not None:
             sliced(python, model, names, scratch, options, width)
