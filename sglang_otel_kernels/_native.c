@@ -260,6 +260,122 @@ static PyTypeObject RingType = {
     .tp_members = ring_members,
 };
 
+/* -- a call in flight ----------------------------------------------------- */
+
+/* A call this core records, as the Python side reads it while the call runs
+ * (record/spans.py: TRACE_ID ... CALL_SEQ, by index or unpacked): its ints
+ * kept as C fields and made into Python ints only when read. Python's tuple
+ * of eleven cost a tuple and five ints made and freed every call; this one
+ * is reused by the next call when nothing else kept it. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *trace, *outer, *writer, *name, *state; /* NULL once released */
+    uint64_t span_id, parent_id, seq;
+    long long start;
+    unsigned flags;
+} InFlight;
+
+#define IN_FLIGHT_FIELDS 11
+
+static PyObject *in_flight_item(InFlight *self, Py_ssize_t i) {
+    PyObject *object;
+    switch (i) {
+    case 0: object = self->trace; break;
+    case 1: return PyLong_FromUnsignedLongLong(self->span_id);
+    case 2: return PyLong_FromUnsignedLong(self->flags);
+    case 3: return PyLong_FromLongLong(self->start);
+    case 4: object = self->outer; break;
+    case 5: object = self->writer; break;
+    case 6: object = self->name; break;
+    case 7: return PyLong_FromUnsignedLongLong(self->parent_id);
+    case 8: object = Py_None; break; /* no attributes: this core records calls no processor takes */
+    case 9: object = self->state; break;
+    case 10: return PyLong_FromUnsignedLongLong(self->seq);
+    default:
+        PyErr_SetString(PyExc_IndexError, "a call in flight has 11 fields");
+        return NULL;
+    }
+    return Py_NewRef(object != NULL ? object : Py_None);
+}
+
+static Py_ssize_t in_flight_length(PyObject *self) { return IN_FLIGHT_FIELDS; }
+
+static int in_flight_traverse(InFlight *self, visitproc visit, void *arg) {
+    Py_VISIT(self->trace);
+    Py_VISIT(self->outer);
+    Py_VISIT(self->writer);
+    Py_VISIT(self->name);
+    Py_VISIT(self->state);
+    return 0;
+}
+
+static int in_flight_clear(InFlight *self) {
+    Py_CLEAR(self->trace);
+    Py_CLEAR(self->outer);
+    Py_CLEAR(self->writer);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->state);
+    return 0;
+}
+
+static void in_flight_dealloc(InFlight *self) {
+    PyObject_GC_UnTrack(self);
+    in_flight_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyObject *in_flight_repr(InFlight *self) {
+    return PyUnicode_FromFormat("<call %R in flight, number %llu>", self->name ? self->name : Py_None,
+                                (unsigned long long)self->seq);
+}
+
+static PySequenceMethods in_flight_sequence = {
+    .sq_length = in_flight_length,
+    .sq_item = (ssizeargfunc)in_flight_item,
+};
+
+static PyTypeObject InFlightType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sglang_otel_kernels._native.InFlight",
+    .tp_basicsize = sizeof(InFlight),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A kernel call the compiled core records, while it runs: read like record/spans.py's tuple.",
+    .tp_dealloc = (destructor)in_flight_dealloc,
+    .tp_traverse = (traverseproc)in_flight_traverse,
+    .tp_clear = (inquiry)in_flight_clear,
+    .tp_as_sequence = &in_flight_sequence,
+    .tp_repr = (reprfunc)in_flight_repr,
+};
+
+static InFlight *spare_in_flight; /* one ended call nothing else held, for the next */
+
+/* An InFlight to fill (its references NULL): the spare, or a new one. */
+static InFlight *in_flight_new(void) {
+    InFlight *call = spare_in_flight;
+    if (call != NULL) {
+        spare_in_flight = NULL;
+        return call;
+    }
+    call = PyObject_GC_New(InFlight, &InFlightType);
+    if (call == NULL)
+        return NULL;
+    call->trace = call->outer = call->writer = call->name = call->state = NULL;
+    PyObject_GC_Track(call);
+    return call;
+}
+
+/* The ended call given back: kept as the spare when this was its last
+ * reference (nothing Python kept can see it change), else released. */
+static void in_flight_done(InFlight *call) {
+    if (Py_REFCNT(call) == 1 && spare_in_flight == NULL) {
+        in_flight_clear(call); /* may run finalizers: the spare is taken only after */
+        if (Py_REFCNT(call) == 1 && spare_in_flight == NULL) {
+            spare_in_flight = call;
+            return;
+        }
+    }
+    Py_DECREF(call);
+}
+
 /* -- what the Python side sets ------------------------------------------- */
 
 static struct {
@@ -1500,14 +1616,24 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
     PyObject *outer = Py_NewRef(PyList_GET_ITEM(state, 2));
     PyObject *writer = Py_NewRef(core.writer);
     Ring *ring = (Ring *)Py_NewRef((PyObject *)core.ring);
-    PyObject *trace = NULL, *call = NULL, *result = NULL;
+    PyObject *trace = NULL, *result = NULL;
+    InFlight *call = NULL;
     PyObject *extra = NULL; /* a replay's attributes or the site's, marshalled (a described call's are in `opening`) */
     unsigned long long seq;
     unsigned kind_flags = 0;
     PyObject *then = NULL; /* what runs the kernel instead, once this core let go of its references */
     uint64_t hi, lo, parent_id;
     unsigned flags;
-    if (outer != Py_None) {
+    if (Py_IS_TYPE(outer, &InFlightType)) { /* inside a call this core records */
+        InFlight *around = (InFlight *)outer;
+        if (around->trace == NULL)
+            goto slow;
+        trace = Py_NewRef(around->trace);
+        parent_id = around->span_id;
+        flags = (around->flags & FLAG_SAMPLED) * (FLAG_SAMPLED | FLAG_PARENT_SAMPLED);
+        if (split128(trace, &hi, &lo) < 0)
+            goto slow;
+    } else if (outer != Py_None) { /* inside one the Python path records */
         if (!PyTuple_Check(outer) || PyTuple_GET_SIZE(outer) < 3)
             goto slow;
         trace = Py_NewRef(PyTuple_GET_ITEM(outer, 0));
@@ -1573,32 +1699,21 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
         if (PyErr_Occurred() || write_record(writer, ring, ENCODING_KERNEL_SPAN, record, opening.size) < 0)
             goto fail;
     }
-    /* The call as the Python side keeps it (record/spans.py: TRACE_ID ... CALL_SEQ). */
-    call = PyTuple_New(11);
-    if (call == NULL)
+    /* The call as the Python side reads it (record/spans.py: TRACE_ID ... CALL_SEQ). */
+    if ((call = in_flight_new()) == NULL)
         goto fail;
-    PyTuple_SET_ITEM(call, 0, trace);
+    call->trace = trace;
     trace = NULL;
-    PyObject *items[] = {PyLong_FromUnsignedLongLong(span_id), PyLong_FromUnsignedLong(flags),
-                         PyLong_FromLongLong(start), NULL, NULL, NULL, PyLong_FromUnsignedLongLong(parent_id),
-                         NULL, NULL, PyLong_FromUnsignedLongLong(seq)};
-    for (int i = 0; i < 10; i++) {
-        PyObject *item = items[i];
-        switch (i) {
-        case 3: item = Py_NewRef(outer); break;
-        case 4: item = Py_NewRef(writer); break;
-        case 5: item = Py_NewRef(self->name); break;
-        case 7: item = Py_NewRef(Py_None); break;
-        case 8: item = Py_NewRef(state); break;
-        }
-        if (item == NULL) {
-            for (int j = i + 1; j < 10; j++)
-                Py_XDECREF(items[j]);
-            goto fail;
-        }
-        PyTuple_SET_ITEM(call, i + 1, item);
-    }
-    if (PyList_SetItem(state, 2, Py_NewRef(call)) < 0)
+    call->outer = Py_NewRef(outer);
+    call->writer = Py_NewRef(writer);
+    call->name = Py_NewRef(self->name);
+    call->state = Py_NewRef(state);
+    call->span_id = span_id;
+    call->parent_id = parent_id;
+    call->seq = seq;
+    call->start = start;
+    call->flags = flags;
+    if (PyList_SetItem(state, 2, Py_NewRef((PyObject *)call)) < 0)
         goto fail;
 
     KERNEL_BEGINS();
@@ -1612,7 +1727,8 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
         PyErr_NormalizeException(&type, &value, &traceback);
         if (traceback != NULL && value != NULL)
             PyException_SetTraceback(value, traceback);
-        PyObject *done = PyObject_CallFunctionObjArgs(core.failed, self->site, call, value ? value : Py_None, NULL);
+        PyObject *done = PyObject_CallFunctionObjArgs(core.failed, self->site, (PyObject *)call,
+                                                   value ? value : Py_None, NULL);
         if (done == NULL)
             PyErr_WriteUnraisable(self->slow);
         Py_XDECREF(done);
@@ -1663,7 +1779,8 @@ release:
     out_free(&opening);
     Py_XDECREF(extra);
     Py_XDECREF(trace);
-    Py_XDECREF(call);
+    if (call != NULL)
+        in_flight_done(call);
     Py_DECREF(state);
     Py_DECREF(outer);
     Py_DECREF(writer);
@@ -1949,7 +2066,7 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_native", "The c
 
 PyMODINIT_FUNC PyInit__native(void) {
     crc_init();
-    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&RecordedType) < 0)
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&RecordedType) < 0 || PyType_Ready(&InFlightType) < 0)
         return NULL;
     str_state = PyUnicode_InternFromString("state");
     str_provider = PyUnicode_InternFromString("provider");

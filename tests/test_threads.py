@@ -123,3 +123,51 @@ def test_threads_taking_turns_record_their_own_calls_in_the_trace_file(tmp_path)
             assert (parent.name, parent.thread_name) == ("outer", span.thread_name)
         else:
             assert span.parent_span_id not in by_id  # no call of another thread around it
+
+
+def test_a_running_call_kept_by_python_keeps_its_fields_after_later_calls(tmp_path):
+    """The call running on a thread, as Python reads it (the compiled core
+    keeps its own object, reused by later calls when nothing else holds it):
+    one kept while it ran still says which call it was once it ended and
+    other calls ran, and a kernel's first call, recorded by the Python path
+    inside a call the compiled core records, nests in it."""
+    from sglang_otel_kernels.record import core, tracefile
+    from sglang_otel_kernels.record.spans import CALL_SEQ, OUTER, SPAN_ID, START, THREAD_STATE, TRACE_ID
+
+    path = tmp_path / "t.sgltrace"
+    sok.configure(level=1, log_dest="off", trace_file=str(path), export_sidecar=False)
+    kept = []
+
+    def body(x, first_inner=False):
+        kept.append(tracefile.per_thread.state[tracefile.CALL])
+        return late(x) if first_inner else x + 1
+
+    late = sok.debug_kernel_api(op_name="late")(lambda x: x * 2)
+    step = sok.debug_kernel_api(op_name="step")(body)
+    x = torch.ones(2)
+    try:
+        step(x), step(x)  # a kernel's first calls go through Python, which names it and the thread in the file
+        before = core.native.recorded() if core.NATIVE else 0
+        for _ in range(5):
+            step(x)
+        step(x, first_inner=True)  # late's first call, inside step's
+        for _ in range(5):
+            step(x)
+        recorded = core.native.recorded() - before if core.NATIVE else None
+        spans = sok.read_trace_file(str(path)).spans
+    finally:
+        sok.configure(level=0, trace_file="off")
+    if core.NATIVE:
+        assert recorded == 11  # step's later calls in C; late's one call in Python
+    steps = sorted((s for s in spans if s.name == "step"), key=lambda s: s.attributes["sglang.kernel.seq"])
+    assert len(steps) == len(kept) == 13
+    for call, span in zip(kept, steps):
+        assert len(call) == 11
+        assert call[SPAN_ID] == span.span_id and call[TRACE_ID] == span.trace_id
+        assert call[CALL_SEQ] == span.attributes["sglang.kernel.seq"]
+        assert call[START] == span.start_time
+        assert call[OUTER] is None and call[THREAD_STATE] is tracefile.per_thread.state
+        assert tuple(call)[SPAN_ID] == span.span_id  # read whole, as the Python path unpacks it
+    (inner,) = [s for s in spans if s.name == "late"]
+    assert inner.parent_span_id == steps[7].span_id and inner.trace_id == steps[7].trace_id
+    assert tracefile.per_thread.state[tracefile.CALL] is None

@@ -82,10 +82,11 @@ def record_failure(span, exc: BaseException) -> None:
     span.add_event("exception", exception_event(exc))
 
 
-# A call in progress is a tuple (the cheapest object to make, twice per call):
-# (trace id, span id, flags, start time, the call it runs inside on this
-# thread, the trace-file writer or None, name, parent span id, its attributes
-# when it will be handed to processors, else None, its thread's
+# A call in progress is a tuple (the cheapest object to make, twice per call;
+# the compiled core's calls are its InFlight, read the same way: by index or
+# unpacked): (trace id, span id, flags, start time, the call it runs inside
+# on this thread, the trace-file writer or None, name, parent span id, its
+# attributes when it will be handed to processors, else None, its thread's
 # `tracefile.per_thread.state`, where the running call is kept, its call number).
 TRACE_ID, SPAN_ID, FLAGS, START, OUTER, WRITER, NAME_, PARENT_ID, ATTRIBUTES, THREAD_STATE, CALL_SEQ = range(11)
 
