@@ -38,7 +38,9 @@ median step among those no pause cut. Its rows give the median step and
 its ratio to level 0's, as above. A second level-0 server runs beside
 them as the control ("level 0 again"): what two starts of the same code
 differ by (1 to 3%, their processes' layout), which only more starts
-average out.
+average out. A second table gives each setting's ratio to the mean of the
+two level-0 servers' steps in the same round: a reference whose start
+moves it half as far.
 
 Needs SGLang's environment (bash .ci/sglang-env) and a tiny model it makes
 (tests/tiny_llama.py). With --profile, one more server per setting (those
@@ -443,7 +445,9 @@ def median_interval(values: list, confidence: float = 0.95) -> "tuple[float, flo
     return (ordered[k - 1], ordered[n - k]) if k else None
 
 
-RATIO_HEADER = f"{'x level 0':>10s} {'quartiles':>12s} {'rounds 95% CI':>14s}  medians by start"
+def ratio_header(against: str = "level 0") -> str:
+    """The ratio columns' heading (ratio_columns), against `against`."""
+    return f"{'x ' + against:>10s} {'quartiles':>12s} {'rounds 95% CI':>14s}  medians by start"
 
 
 def ratio_columns(name: str, ratios: list, rounds: int) -> str:
@@ -504,10 +508,17 @@ def sliced(python: str, model: str, names: list, scratch: str, options: argparse
                        ratios)
     if not options.starts:
         return
-    print(f"{'setting':{width}s} {'ms/step':>8s} {RATIO_HEADER}")
+    print(f"{'setting':{width}s} {'ms/step':>8s} {ratio_header()}")
     for name in names:
         print(f"{name:{width}s} {statistics.median(steps[name]) / 1000:8.3f} "
               f"{ratio_columns(name, ratios[name], options.rounds)}", flush=True)
+    # The rounds' steps line up across settings: each against both level-0 servers of its round.
+    print(f"\nagainst the mean of both level-0 servers' steps in each round (level 0 and {CONTROL}):")
+    print(f"{'setting':{width}s} {'ms/step':>8s} {ratio_header('both')}")
+    for name in (name for name in names if name != "level 0"):
+        both = [step / ((first + second) / 2) for step, first, second in zip(steps[name], steps["level 0"], steps[CONTROL])]
+        print(f"{name:{width}s} {statistics.median(steps[name]) / 1000:8.3f} "
+              f"{ratio_columns(name, both, options.rounds)}", flush=True)
 
 
 def side_by_side(python: str, model: str, names: list, scratch: str, options: argparse.Namespace, width: int) -> None:
@@ -520,7 +531,7 @@ def side_by_side(python: str, model: str, names: list, scratch: str, options: ar
                 total_ratios)
     if not options.starts:
         return
-    print(f"{'setting':{width}s} {'s/request':>10s} {'ms/step':>8s} {RATIO_HEADER}")
+    print(f"{'setting':{width}s} {'s/request':>10s} {'ms/step':>8s} {ratio_header()}")
     for name in names:
         median = statistics.median(times[name])
         print(f"{name:{width}s} {median:10.3f} {1000 * median / options.tokens:8.2f} "
@@ -528,7 +539,7 @@ def side_by_side(python: str, model: str, names: list, scratch: str, options: ar
     for title, values in (("the scheduler's CPU time a request (all its threads; a VM's stolen time and other "
                            "processes' turns left out)", cpu_ratios),
                           ("every server process's CPU time a request", total_ratios)):
-        print(f"\n{title}\n{'setting':{width}s} {RATIO_HEADER}")
+        print(f"\n{title}\n{'setting':{width}s} {ratio_header()}")
         for name in names:
             print(f"{name:{width}s} {ratio_columns(name, values[name], options.rounds)}", flush=True)
 
