@@ -515,8 +515,9 @@ def sliced(python: str, model: str, names: list, scratch: str, options: argparse
     # The rounds' steps line up across settings: each against both level-0 servers of its round.
     print(f"\nagainst the mean of both level-0 servers' steps in each round (level 0 and {CONTROL}):")
     print(f"{'setting':{width}s} {'ms/step':>8s} {ratio_header('both')}")
+    references = [(first + second) / 2 for first, second in zip(steps["level 0"], steps[CONTROL])]
     for name in (name for name in names if name != "level 0"):
-        both = [step / ((first + second) / 2) for step, first, second in zip(steps[name], steps["level 0"], steps[CONTROL])]
+        both = [step / reference for step, reference in zip(steps[name], references)]
         print(f"{name:{width}s} {statistics.median(steps[name]) / 1000:8.3f} "
               f"{ratio_columns(name, both, options.rounds)}", flush=True)
 

@@ -292,7 +292,7 @@ static PyObject *in_flight_item(InFlight *self, Py_ssize_t i) {
     case 9: object = self->state; break;
     case 10: return PyLong_FromUnsignedLongLong(self->seq);
     default:
-        PyErr_SetString(PyExc_IndexError, "a call in flight has 11 fields");
+        PyErr_Format(PyExc_IndexError, "a call in flight has %d fields", IN_FLIGHT_FIELDS);
         return NULL;
     }
     return Py_NewRef(object != NULL ? object : Py_None);
@@ -1624,21 +1624,19 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
     PyObject *then = NULL; /* what runs the kernel instead, once this core let go of its references */
     uint64_t hi, lo, parent_id;
     unsigned flags;
-    if (Py_IS_TYPE(outer, &InFlightType)) { /* inside a call this core records */
-        InFlight *around = (InFlight *)outer;
-        if (around->trace == NULL)
+    if (outer != Py_None) {
+        if (Py_IS_TYPE(outer, &InFlightType) && ((InFlight *)outer)->trace != NULL) { /* a call this core records */
+            InFlight *around = (InFlight *)outer;
+            trace = Py_NewRef(around->trace);
+            parent_id = around->span_id;
+            flags = around->flags;
+        } else if (PyTuple_Check(outer) && PyTuple_GET_SIZE(outer) >= 3) { /* one the Python path records */
+            trace = Py_NewRef(PyTuple_GET_ITEM(outer, 0));
+            parent_id = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(outer, 1));
+            flags = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(outer, 2));
+        } else
             goto slow;
-        trace = Py_NewRef(around->trace);
-        parent_id = around->span_id;
-        flags = (around->flags & FLAG_SAMPLED) * (FLAG_SAMPLED | FLAG_PARENT_SAMPLED);
-        if (split128(trace, &hi, &lo) < 0)
-            goto slow;
-    } else if (outer != Py_None) { /* inside one the Python path records */
-        if (!PyTuple_Check(outer) || PyTuple_GET_SIZE(outer) < 3)
-            goto slow;
-        trace = Py_NewRef(PyTuple_GET_ITEM(outer, 0));
-        parent_id = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(outer, 1));
-        flags = (PyLong_AsUnsignedLong(PyTuple_GET_ITEM(outer, 2)) & FLAG_SAMPLED) * (FLAG_SAMPLED | FLAG_PARENT_SAMPLED);
+        flags = (flags & FLAG_SAMPLED) * (FLAG_SAMPLED | FLAG_PARENT_SAMPLED); /* sampled, and so is its parent */
         if (PyErr_Occurred() || split128(trace, &hi, &lo) < 0)
             goto slow;
     } else {
