@@ -156,3 +156,32 @@ def test_device_path_counts_only_when_min_or_max_shows_nan_or_inf(record, on_dev
     assert (s["nan_count"], s["inf_count"]) == (1, 1)
     # One copy per call (the kernel returns nothing), and for the flagged tensor a second, for its counts.
     assert on_device == {"counts": 1, "transfers": 1 + 1 + 1 + 2}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_device_path_reduces_half_precision_where_it_lies(record, on_device, monkeypatch, dtype):
+    """No float32 copy of a bfloat16 or float16 tensor on an accelerator (on
+    an H100 that copy made a 1 GiB tensor's statistics 7.5 times one aminmax):
+    the same values as the host path, NaN and Inf still counted."""
+    from sglang_otel_kernels.describe import statistics
+
+    values = torch.tensor([[0.5, -3.25, 8.0], [1.0, 2.0, -0.125]], dtype=dtype)
+    monkeypatch.setattr(statistics, "on_host", lambda tensor: True)
+    on_host = stats_of(record, values)
+    monkeypatch.setattr(statistics, "on_host", lambda tensor: False)
+    copies = []
+
+    def view(tensor, original=statistics._float_view):
+        copies.append(tensor.dtype)
+        return original(tensor)
+
+    monkeypatch.setattr(statistics, "_float_view", view)
+    on_device_stats = stats_of(record, values)
+    assert copies == []
+    assert {k: on_device_stats[k] for k in ("min", "max", "mean")} == {"min": -3.25, "max": 8.0, "mean": pytest.approx(1.3541667)}
+    assert on_device_stats == on_host
+    s = stats_of(record, torch.tensor([1.0, float("nan"), float("inf")], dtype=dtype))
+    assert (s["nan_count"], s["inf_count"], s["has_nan"], s["has_inf"]) == (1, 1, True, True)
+    assert copies == [] and on_device["counts"] == 1
+    stats_of(record, torch.tensor([1.0, 2.0], dtype=torch.float64))
+    assert copies == [torch.float64]  # other dtypes keep their float32 view

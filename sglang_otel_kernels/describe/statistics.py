@@ -3,7 +3,12 @@
 Values are those SGLang prints (computed in float32; complex tensors by
 magnitude; integer and bool tensors converted), gathered in as few passes as
 possible: one `aminmax` and one `mean` per tensor (in float32, as SGLang's
-`mean()`: a float32 sum divided in double would print other digits).
+`mean()`: a float32 sum divided in double would print other digits). On an
+accelerator a bfloat16 or float16 tensor is reduced where it lies, the mean
+accumulated in float32, with no float32 copy: that copy, written and read
+twice, made a 1 GiB bfloat16 tensor's statistics cost 7.5 times one `aminmax`
+on an H100 (2.1 for float32). The host path keeps the copy, which gives
+SGLang's digits exactly.
 NaN propagates into min and max, and +/-Inf shows as a bound, so the counting passes (`isnan`, `isinf`,
 on the float32 view: float8 types have no `isinf`) run only when min or max
 shows one, and never for integer and bool tensors, which hold neither. On an
@@ -53,6 +58,10 @@ def _layout_note(tensor: torch.Tensor) -> str:
     return f"skipped: {str(tensor.layout).replace('torch.', '')} layout"
 
 
+# Dtypes an accelerator reduces directly (`aminmax` exact, `mean` in float32).
+_REDUCED_AS_THEY_ARE = frozenset({"torch.bfloat16", "torch.float16"})
+
+
 def _float_view(tensor: torch.Tensor) -> torch.Tensor:
     """The float32 values of a tensor of another dtype (a float32 one is used
     as it is, tested by the caller on its description)."""
@@ -62,7 +71,7 @@ def _float_view(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _counts(source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """NaN and Inf counts of a tensor's float32 view."""
+    """NaN and Inf counts of a tensor's values (its float32 view where it has one)."""
     return torch.isnan(source).sum(), torch.isinf(source).sum()
 
 
@@ -99,15 +108,20 @@ def fill_statistics(infos: list[TensorInfo]) -> "BaseException | None":
             if reason is not None:
                 info.stats_note = reason
                 continue
-            source = tensor if info.dtype == "torch.float32" else _float_view(tensor)
-            low, high = torch.aminmax(source)
-            mean = source.mean()  # in float32, as SGLang prints it (a float32 sum divided in double is not)
             if on_host(tensor):
+                source = tensor if info.dtype == "torch.float32" else _float_view(tensor)
+                low, high = torch.aminmax(source)
+                mean = source.mean()  # in float32, as SGLang prints it (a float32 sum divided in double is not)
                 low, high, mean = low.item(), high.item(), mean.item()
                 # Finite bounds: no NaN and no Inf, nothing to count (the usual case).
                 info.stats = (low, high, mean, *((0, 0) if _isfinite(low) and _isfinite(high)
                                                  else _host_counts(tensor, source)))
             else:
+                source = tensor if info.dtype == "torch.float32" or info.dtype in _REDUCED_AS_THEY_ARE \
+                    else _float_view(tensor)
+                low, high = torch.aminmax(source)
+                mean = source.mean(dtype=torch.float32)
+                # stack promotes a bfloat16 bound to the float32 of the mean: no launch of its own
                 deferred.append((info, tensor, source, torch.stack([low, high, mean])))
         except Exception as exc:
             info.stats_note = f"unavailable: {type(exc).__name__}"
