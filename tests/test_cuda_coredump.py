@@ -175,13 +175,15 @@ if sys.argv[2] == "replay":
     graph.replay()
     StandInGraph.at, StandInGraph.then = 2, staticmethod(die)
     graph.replay()
+elif sys.argv[2] == "after":  # eagerly: the faulting kernel ran on after its call returned
+    rmsnorm(x); silu(x); die()
 else:
     silu(x)
     sok.debug_kernel_api(op_name="sglang.custom_op.fused_add_rmsnorm")(die)(x)
 """
 
 
-@pytest.mark.parametrize("where", ["call", "replay"])
+@pytest.mark.parametrize("where", ["call", "replay", "after"])
 def test_report_joins_a_dump_to_the_call_or_replay_the_killed_process_was_running(tmp_path, where):
     run = subprocess.run([sys.executable, "-c", CRASH, str(tmp_path), where, str(TESTS)], env=clean_env(),
                          capture_output=True, text=True, timeout=120)
@@ -201,6 +203,10 @@ def test_report_joins_a_dump_to_the_call_or_replay_the_killed_process_was_runnin
     if where == "call":
         assert fault["placed"] == "the call in flight"
         assert call["name"] == "sglang.custom_op.fused_add_rmsnorm" and call["in_flight_in_dead_process"]
+    elif where == "after":
+        assert fault["placed"] == "the newest call whose name matches the kernel (a kernel runs on after its call " \
+                                  "returns)"
+        assert call["name"] == "sglang.custom_op.rmsnorm" and not call["in_flight_in_dead_process"]
     else:
         assert fault["placed"] == "the CUDA graph replay in flight"
         assert call["graph"]["replay"] == 2

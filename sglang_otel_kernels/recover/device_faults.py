@@ -9,6 +9,9 @@ else to the CUDA graph replay in flight, or the newest one before death (a
 graph's kernels run on after `replay()` returns), or the replay a later
 synchronisation blamed; the replay's captured calls whose name matches the
 kernel's (`rmsnorm` for `flashinfer::norm::RMSNormKernel<float>`) are marked.
+With none of those, it belongs to the newest call whose name matches the
+kernel: a kernel runs on after the call that launched it returns, so an
+eager fault usually kills a process between calls (so seen on an H100).
 """
 
 from __future__ import annotations
@@ -76,8 +79,8 @@ def _running(spans: list[RecoveredSpan]) -> tuple[RecoveredSpan | None, str]:
     return None, ""
 
 
-def _where(content: TraceFileContents) -> tuple[RecoveredSpan | None, str]:
-    """The span a fault in this process belongs to, and how it is known."""
+def _where(content: TraceFileContents, kernel: str | None) -> tuple[RecoveredSpan | None, str]:
+    """The span a fault of `kernel` in this process belongs to, and how it is known."""
     span, how = _running(content.spans)
     if span is not None:
         return span, how
@@ -87,6 +90,11 @@ def _where(content: TraceFileContents) -> tuple[RecoveredSpan | None, str]:
     blamed = [span for span in content.spans if GRAPH_SUSPECT in span.attributes]
     if blamed:
         return min(blamed, key=lambda span: span.start_time), "the call that met the device error first"
+    launched = [span for span in content.spans if is_kernel(span) and GRAPH_REPLAY not in span.attributes
+                and matches(span.name, kernel)]
+    if launched:
+        return (max(launched, key=lambda span: span.start_time),
+                "the newest call whose name matches the kernel (a kernel runs on after its call returns)")
     return None, "no call of this process was running"
 
 
@@ -97,7 +105,9 @@ def join(dumps: list[CoreDump], contents: list[TraceFileContents], now: int | No
     joined = []
     for dump in dumps:
         content, joined_by = _process(dump, contents)
-        span, how = _where(content) if content is not None else (None, "no trace file of its process was given")
+        kernel = dump.faults[0].kernel if dump.faults else None
+        span, how = _where(content, kernel) if content is not None else \
+            (None, "no trace file of its process was given")
         call = None
         if span is not None:
             call = dict(call_summary(span, by_id, content, now), in_flight_in_dead_process=span.in_flight and not
