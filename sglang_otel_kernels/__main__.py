@@ -203,7 +203,8 @@ def _report(options) -> int:
         sys.stdout.write(render_text(report))
     suspects = any(verdict["suspects"] for verdict in report["cross_rank_jobs"])
     faulted = any(fault["exception"] for fault in report["device_faults"])
-    if report["crashed"] or report["failed"] or report["failed_batches"] or suspects or faulted:
+    raised = any(info["uncaught"] for info in report["files"])
+    if report["crashed"] or report["failed"] or report["failed_batches"] or suspects or faulted or raised:
         return 1
     return 3 if report["first_nonfinite_output"] else 0
 
@@ -465,8 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
         "each records, placed in the call or CUDA graph replay its process was running.",
         "0 nothing found: no call in flight when a process died, none failed, no suspect rank, no\n"
         "NaN/Inf producer (calls running in a live process are no crash); 1 calls in flight when a\n"
-        "process died, failed calls, a suspect rank (a hang, a mismatch), or a device fault; 2 bad usage,\n"
-        "or an input that cannot be read (one line on stderr); 3 a call made NaN/Inf from finite inputs\n"
+        "process died, failed calls or batches, an exception no code caught, a suspect rank (a hang, a\n"
+        "mismatch), or a device fault; 2 bad usage, or an input that cannot be read (one line on\n"
+        "stderr); 3 a call made NaN/Inf from finite inputs\n"
         "(level 5), nothing worse: a gate can tell numerics from crashes.")
     report.add_argument("paths", nargs="*", metavar="PATH",
                         help="trace files (one per rank merge by time), OTLP JSON files, CUDA core dumps, or "

@@ -1,4 +1,6 @@
-"""How a process ended, read from what it left, in real processes: stopped
+"""How a process ended, read from what it left, in real processes: an
+exception no code caught (a device error raised at a synchronisation after
+the call whose kernel caused it; a thread's), stopped
 with SIGTERM (recorded, then SIGTERM does what it did before: the default
 ends the process, an application's handler still runs, a forked worker
 stopped by its parent leaves the parent's file alone), told to stop (an
@@ -18,8 +20,10 @@ import pytest
 from conftest import clean_env
 
 WORKER = r"""
-import os, signal, sys, time
+import os, signal, sys, threading, time
 mode = sys.argv[1]
+if mode == "device error":  # an application's own hook, set before the recorder's: both run
+    sys.excepthook = lambda *exc: (print("application hook ran", flush=True), sys.__excepthook__(*exc))
 if mode == "handler":
     signal.signal(signal.SIGTERM, lambda *_: (print("application handler ran", flush=True), sys.exit(3)))
 import torch
@@ -57,6 +61,21 @@ if mode in ("told then exits", "told then killed"):  # an engine's shutdown requ
             rmsnorm(torch.ones(2))
             os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(0)
+if mode == "device error":  # as torch.cuda.synchronize() raises a kernel's device-side assert, after its call
+    def synchronize():
+        raise RuntimeError("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
+                           "reported at some other API call")
+    rmsnorm(torch.ones(3))
+    synchronize()
+if mode == "thread":
+    def work():
+        raise ValueError("a worker's bad input")
+    worker = threading.Thread(target=work, name="detokenizer")
+    worker.start()
+    worker.join()
+    sys.exit(0)
+if mode == "interrupt":
+    raise KeyboardInterrupt
 if mode == "between":
     with forward_batch([], name="sglang.forward_batch", attributes={"sglang.batch.request_ids": ("r1", "r2")}):
         rmsnorm(torch.ones(2))
@@ -168,3 +187,72 @@ def test_the_traceback_file_tells_sigterm_from_a_fatal_signal(tmp_path, text, si
     (tmp_path / "t.sgltrace.traceback").write_text(text)
     assert fatal_signal(str(path)) == signal_name
     os.remove(tmp_path / "t.sgltrace.traceback")
+
+
+def test_a_device_error_raised_after_the_last_call_is_the_processs_failure(tmp_path):
+    """At level 1 on an H100, a device-side assert in a decorated call was
+    raised by the script's own synchronisation after it: every span ended ok
+    and the report said nothing had failed."""
+    process = start(tmp_path, "device error")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 1 and "application hook ran" in out and "device-side assert" in err, out + err
+    text = report(tmp_path)
+    assert text.returncode == 1, text.stdout + text.stderr
+    assert text.stdout.splitlines()[0].startswith(
+        "MainThread raised RuntimeError: CUDA error: device-side assert triggered and no code caught it, "), text.stdout
+    assert "after its last kernel call ended (sglang.custom_op.rmsnorm)" in text.stdout.splitlines()[0]
+    assert ", ended 0.0 s after it raised RuntimeError" in text.stdout
+    assert "innermost frames: synchronize (<string>:" in text.stdout
+    assert "that kernel was launched earlier, most likely by the last calls below" in text.stdout
+    [info] = json.loads(report(tmp_path, "--json").stdout)["files"]
+    [error] = info["uncaught"]
+    assert (error["thread"], error["exception"]["type"], error["device_error"], error["last_call"]) == \
+        ("MainThread", "RuntimeError", True, "sglang.custom_op.rmsnorm")
+    assert error["exception"]["message"].startswith("CUDA error: device-side assert triggered\nCUDA kernel errors")
+    assert [frame["function"] for frame in error["frames"]] == ["synchronize", "<module>"]
+    assert 0 <= error["seconds_after_last_call"] < 10
+    page = tmp_path / "report.html"
+    assert report(tmp_path, "--html", str(page)).returncode == 1
+    assert '<p class="verdict failed">FAILED: MainThread raised RuntimeError: CUDA error: device-side assert ' \
+        'triggered and no code caught it' in page.read_text()
+
+
+def test_a_threads_uncaught_exception_is_named_and_an_interrupt_is_not(tmp_path):
+    process = start(tmp_path, "thread")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and "a worker's bad input" in err, out + err
+    text = report(tmp_path)
+    assert text.returncode == 1, text.stdout + text.stderr
+    assert "detokenizer raised ValueError: a worker's bad input and no code caught it" in text.stdout
+    [error] = json.loads(report(tmp_path, "--json").stdout)["files"][0]["uncaught"]
+    assert (error["device_error"], error["frames"][0]["function"]) == (False, "work")
+    assert "device error is raised by the next synchronisation" not in text.stdout
+
+    (tmp_path / "t.sgltrace").unlink()
+    process = start(tmp_path, "interrupt")
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGINT  # as Python ends on an uncaught KeyboardInterrupt
+    text = report(tmp_path)
+    assert text.returncode == 0 and "raised" not in text.stdout, text.stdout
+    assert json.loads(report(tmp_path, "--json").stdout)["files"][0]["uncaught"] == []
+
+
+def test_malformed_uncaught_records_are_skipped_and_a_good_one_is_kept(tmp_path):
+    """A RAISED record is read from a file that may be hostile: wrong types,
+    too many frames or a huge message are skipped or cut, never raised on."""
+    from sglang_otel_kernels.record import tracefile
+    from sglang_otel_kernels.recover.reader import read_trace_file
+
+    path = str(tmp_path / "t.sgltrace")
+    writer = tracefile.TraceFileWriter(path, capacity=256 * 1024)
+    good = ("MainThread", time.time_ns(), "AcceleratorError", "CUDA error: x" * 500, (("a.py", 3, "f"),))
+    for bad in [(7, *good[1:]), (good[0], -1, *good[2:]), (*good[:4], (("a.py", "3", "f"),)),
+                (*good[:4], (("a.py", 3, "f"),) * (tracefile.MAX_STACK_FRAMES + 1)), good[:4]]:
+        writer.append((tracefile.RAISED, *bad))
+    writer.append((tracefile.RAISED, *good))
+    writer.close()
+    contents = read_trace_file(path)
+    [(thread, when, kind, message, frames)] = contents.raised
+    assert (thread, when, kind, frames) == good[:3] + (frames,) and frames == (("a.py", 3, "f"),)
+    assert len(message) == 2000
+    assert "5 record(s) with a valid checksum but malformed content were ignored" in contents.problems

@@ -152,18 +152,49 @@ def failure_sentence(batch: dict[str, Any]) -> str:
 
 
 def after_failure(contents: TraceFileContents) -> "dict[str, Any] | None":
-    """For a process that is gone: its last failure (a failed batch, else a
-    failed kernel call) and how long it lived on after it, as in "ended
-    0.1 s after it raised IndexError"; None when nothing failed."""
+    """For a process that is gone: its last failure (a failed batch or kernel
+    call, or an exception no code caught) and how long it lived on after it,
+    as in "ended 0.1 s after it raised IndexError"; None when nothing failed."""
     if contents.live:
         return None
     failures = [s for s in contents.spans if not s.in_flight and s.status_code == "ERROR" and (is_batch(s) or NAME in s.attributes)]
     last = max(failures, key=lambda span: span.end_time, default=None)
+    raised = contents.raised[-1] if contents.raised else None
+    if raised is not None and (last is None or raised[1] >= last.end_time):
+        return {"exception": raised[2], "seconds": round(max(contents.last_alive - raised[1], 0) / 1e9, 1)}
     if last is None:
         return None
     exception = next((attrs for name, _, attrs in last.events if name == "exception"), {})
     kind = exception.get("exception.type") or (last.status_description or "an error").split(":", 1)[0]
     return {"exception": str(kind), "seconds": round(max(contents.last_alive - last.end_time, 0) / 1e9, 1)}
+
+
+def uncaught(contents: TraceFileContents) -> list[dict[str, Any]]:
+    """The exceptions no code caught in this process, each with the kernel
+    call that ended last before it: a device error raised there was caused by
+    a kernel launched before, most likely by that call or one just before it."""
+    calls = [span for span in contents.spans if NAME in span.attributes and not span.in_flight]
+    found = []
+    for thread, when, kind, message, frames in contents.raised:
+        before = max((span for span in calls if span.end_time <= when), key=lambda span: span.end_time, default=None)
+        found.append({
+            "thread": thread, "time_unix_nano": when,
+            "exception": {"type": kind, "message": message},
+            "device_error": kind == "AcceleratorError" or message.startswith(("CUDA error", "XPU error")),
+            "frames": [{"function": function, "file": file, "line": line} for file, line, function in frames],
+            "last_call": None if before is None else before.name,
+            "seconds_after_last_call": None if before is None else round((when - before.end_time) / 1e9, 3),
+        })
+    return found
+
+
+def uncaught_sentence(error: dict[str, Any]) -> str:
+    """`MainThread raised AcceleratorError: CUDA error: ... and no code caught it, 0.0 s after its last kernel call ended (x)`"""
+    exception = error["exception"]
+    said = f"{exception['type']}: {exception['message'].splitlines()[0] if exception['message'] else ''}".rstrip(": ")
+    after = (f", {error['seconds_after_last_call']} s after its last kernel call ended ({error['last_call']})"
+             if error["last_call"] else ", before any kernel call ended")
+    return f"{error['thread']} raised {said} and no code caught it{after}"
 
 
 def after_failure_text(after: "dict[str, Any] | None") -> str:

@@ -14,7 +14,7 @@ from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRA
                       GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, MODULE, NAME, NONFINITE_REQUESTS, OP_CLASS, PREFIX,
                       REPLAY_NAME, REQUEST_ID, SEQ)
 from .batch_failures import (after_failure, after_failure_text, at_death_words, batch_summary, failure_sentence,
-                             frames_text, is_batch, requests_text)
+                             frames_text, is_batch, requests_text, uncaught, uncaught_sentence)
 from .digest import Digest, add_counts, digest, produced_nonfinite
 from .ranks import cross_rank, ending_text, rank_of, state_of, stop_reason, timestamp
 from .ranks import render as render_verdict
@@ -177,7 +177,7 @@ GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON an
 
 # The version of `report --json`'s document (docs/report-json.md): raised
 # with each change a reader of the JSON must know of, with the package's.
-REPORT_SCHEMA = 3
+REPORT_SCHEMA = 4
 
 
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
@@ -248,6 +248,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
              "state": state, "fatal_signal": c.fatal_signal if state in ("died", "stopped") else None,
              "stop_reason": stop_reason(c) if state == "stopped" else None,
              "after_failure": after_failure(c),
+             "uncaught": uncaught(c),
              "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
              "spans": item.spans, "problems": c.problems}
             for item, c, state in zip(digests, contents, states)
@@ -408,6 +409,8 @@ def render_text(report: dict[str, Any]) -> str:
                        f" (running {batch['seconds']} s)")
         elif report.get("failed_batches"):
             out.append("the " + failure_sentence(report["failed_batches"][0]))
+        elif not report["in_flight"] and (errors := [e for info in report["files"] for e in info.get("uncaught") or ()]):
+            out.append(uncaught_sentence(errors[-1]))
         if out:
             out.append("")
     for verdict in verdicts:  # the sentence that says it comes first
@@ -458,6 +461,15 @@ def render_text(report: dict[str, Any]) -> str:
         out.extend(call_lines(call, indent="    "))
     for fault in report.get("device_faults") or ():
         out.extend(fault_lines(fault))
+    for info in report["files"]:
+        for error in info.get("uncaught") or ():
+            out += ["", f"Uncaught exception ({os.path.basename(info['path'])}, pid {info['pid']}, "
+                        f"{timestamp(error['time_unix_nano'])}):", "  " + uncaught_sentence(error)]
+            if error["frames"]:
+                out.append(f"  innermost frames: {frames_text(error['frames'])}")
+            if error["device_error"]:
+                out.append("  a device error is raised by the next synchronisation, not by the kernel that caused "
+                           "it: that kernel was launched earlier, most likely by the last calls below")
     by_process: dict[str, dict[str, list]] = {}
     shown = {(batch["file"], batch["name"], batch["trace_id"]) for batch in report.get("batches_at_death") or ()}
     for span in report["in_flight_other_spans"]:  # the spans around the calls, per process, by name
