@@ -25,6 +25,10 @@ FATAL_SIGNAL = "sglang.process.fatal_signal"
 # reads "stopped", whether the process went on to exit or was killed by its parent while stopping.
 STOP_SPAN = "sglang.process.stop"
 STOP_REASON = "sglang.process.stop_reason"
+# An exception no code caught ended a thread (sys.excepthook, threading.excepthook): a span of this name at
+# that moment, status ERROR, with the `exception` event and THREAD_NAME; a root span unless the thread had one
+# current. A device error raised by a synchronisation after the call whose kernel caused it lands here.
+EXCEPTION_SPAN = "sglang.process.exception"
 BLACKBOX = PREFIX + "blackbox"  # set by the reader on a call the black box recorded
 # A batched call that matters (failed, in flight at a death, hung, NaN/Inf out),
 # copied into a request trace of its batch: `<trace id>:<span id>` of the original.

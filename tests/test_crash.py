@@ -133,7 +133,9 @@ def test_unhandled_exception_and_normal_exit(tmp_path):
         assert proc.returncode == code, proc.stderr
         (path,) = [p for p in tmp_path.glob("t_*.sgltrace")]
         spans = sok.read_trace(path)
-        assert [s.status_code for s in spans] == (["UNSET"] if code == 0 else ["UNSET", "ERROR"])
+        # The exception the call raised, which no code caught, ends the process: a span of its own says so.
+        assert [(s.name, s.status_code) for s in spans] == ([("k", "UNSET")] if code == 0 else [
+            ("k", "UNSET"), ("k", "ERROR"), ("sglang.process.exception", "ERROR")])
         assert not any(s.in_flight for s in spans)
         path.unlink()
 

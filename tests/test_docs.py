@@ -215,7 +215,7 @@ def test_the_format_page_gives_the_writers_layouts_and_constants():
                  "GRAPH_REPLAY"):
         assert f"| {getattr(fmt, 'FLAG_' + flag)} | FLAG_{flag} |" in page, flag
     for kind in (fmt.SYMBOL, fmt.THREAD, fmt.TABLE, fmt.END, fmt.CALL_END, fmt.ATTRIBUTES, fmt.IDENTITY, fmt.GRAPH,
-                 fmt.MODE, fmt.EXIT, fmt.FAILURE, fmt.STACK, fmt.RAISED):
+                 fmt.MODE, fmt.EXIT, fmt.FAILURE, fmt.STACK):
         assert f"| `{kind}` |" in page, kind
     flat = page.replace("\n", " ")
     assert f"the low {fmt.REPLAY_SHIFT}" in flat and f"version {fmt.MARSHAL_VERSION}" in flat

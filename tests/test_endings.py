@@ -237,22 +237,24 @@ def test_a_threads_uncaught_exception_is_named_and_an_interrupt_is_not(tmp_path)
     assert json.loads(report(tmp_path, "--json").stdout)["files"][0]["uncaught"] == []
 
 
-def test_malformed_uncaught_records_are_skipped_and_a_good_one_is_kept(tmp_path):
-    """A RAISED record is read from a file that may be hostile: wrong types,
-    too many frames or a huge message are skipped or cut, never raised on."""
-    from sglang_otel_kernels.record import tracefile
-    from sglang_otel_kernels.recover.reader import read_trace_file
+def test_the_uncaught_exception_is_a_failed_span_a_back_end_receives(tmp_path):
+    """The exception no code caught is a span (`sglang.process.exception`),
+    so `replay` (and the sidecar, and an application's own exporter) takes
+    it to Jaeger with the kernel calls: here over gRPC on loopback."""
+    from otlp_receivers import GrpcReceiver
 
-    path = str(tmp_path / "t.sgltrace")
-    writer = tracefile.TraceFileWriter(path, capacity=256 * 1024)
-    good = ("MainThread", time.time_ns(), "AcceleratorError", "CUDA error: x" * 500, (("a.py", 3, "f"),))
-    for bad in [(7, *good[1:]), (good[0], -1, *good[2:]), (*good[:4], (("a.py", "3", "f"),)),
-                (*good[:4], (("a.py", 3, "f"),) * (tracefile.MAX_STACK_FRAMES + 1)), good[:4]]:
-        writer.append((tracefile.RAISED, *bad))
-    writer.append((tracefile.RAISED, *good))
-    writer.close()
-    contents = read_trace_file(path)
-    [(thread, when, kind, message, frames)] = contents.raised
-    assert (thread, when, kind, frames) == good[:3] + (frames,) and frames == (("a.py", 3, "f"),)
-    assert len(message) == 2000
-    assert "5 record(s) with a valid checksum but malformed content were ignored" in contents.problems
+    process = start(tmp_path, "device error")
+    process.communicate(timeout=60)
+    receiver = GrpcReceiver()
+    try:
+        replay = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "replay", str(tmp_path / "t.sgltrace"),
+                                 "--endpoint", receiver.endpoint], capture_output=True, text=True, timeout=120,
+                                env=clean_env())
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        spans = receiver.wait_for(lambda got: any(s["name"] == "sglang.process.exception" for s in got), timeout=30)
+    finally:
+        receiver.stop()
+    [span] = [s for s in spans if s["name"] == "sglang.process.exception"]
+    assert span["status"] == 2 and span["status_message"].startswith("RuntimeError: CUDA error: device-side assert")
+    assert span["events"] == ["exception"] and span["attributes"]["thread.name"] == "MainThread"
+    assert [s["name"] for s in spans if s["name"] != "sglang.process.exception"] == ["sglang.custom_op.rmsnorm"] * 2

@@ -19,7 +19,7 @@ import threading
 from . import tracefile
 from .tracefile import CALLS, MAX_STACK_FRAMES, STACK
 
-FILE_LENGTH = 200  # the end of a long path is the part that tells
+_FILE_LENGTH = 200  # the end of a long path is the part that tells
 _SLACK = 64  # states of threads that ended, kept until there are more than this
 
 
@@ -28,7 +28,7 @@ def stack_of(frame) -> tuple:
     frames = []
     while frame is not None and len(frames) < MAX_STACK_FRAMES:
         code = frame.f_code
-        frames.append((code.co_filename[-FILE_LENGTH:], frame.f_lineno or 0, code.co_name))
+        frames.append((code.co_filename[-_FILE_LENGTH:], frame.f_lineno or 0, code.co_name))
         frame = frame.f_back
     return tuple(frames)
 

@@ -54,8 +54,7 @@ wraps, a TABLE record holding all of them is written first, so every record
 the ring still holds can be resolved and a replayed graph's kernels named
 however long ago it was captured. A normal interpreter exit writes an EXIT
 record: a process that died has none. A thread silent for a while gets a
-STACK record from the heartbeat thread (record/silence.py), and one that an
-uncaught exception ends a RAISED record (record/uncaught.py). The table is
+STACK record from the heartbeat thread (record/silence.py). The table is
 bounded (count and bytes, relative to the ring): a name that finds it full,
 or is long, is written inline in its span's start record instead, so a
 stream of distinct names (request ids in span names) costs neither memory
@@ -175,9 +174,6 @@ IDENTITY = "I"  # (IDENTITY, {"rank": 0, "world_size": 8, "tp_rank": 0, "job": .
 EXIT = "Q"  # (EXIT, time): the interpreter exited normally (atexit ran); a process that died has none
 GRAPH = "G"  # (GRAPH, graph id, calls, calls left out): a CUDA graph's captured kernels, each (name, shapes, dtypes)
 STACK = "S"  # (STACK, thread ident, time, silent since, frames): where a thread silent for a while is, innermost first
-# (RAISED, thread name, time, exception type, message, frames innermost first): an exception no code caught
-# ended that thread (record/uncaught.py)
-RAISED = "R"
 MAX_STACK_FRAMES = 64  # frames a STACK record holds at most
 MAX_GRAPH_CALLS = 4096
 
@@ -372,7 +368,7 @@ class TraceFileWriter:
             warn(f"{wanted} is being written by another live process; this process ({pid}) writes {path}")
         threading.Thread(target=self._beat, name="sglang-otel-kernels-heartbeat", daemon=True).start()
         _exit_record_at_exit()
-        from . import uncaught  # it writes through this module
+        from . import uncaught  # it records through the spans module, which imports this one
 
         uncaught.install()
         if self.on_open is not None:
@@ -794,14 +790,10 @@ def _exit_record_at_exit() -> None:
 
 
 def _write_exit_records() -> None:
-    append_to_open_files((EXIT, time.time_ns()))
-
-
-def append_to_open_files(record: tuple) -> None:
-    """One record into every trace file this process has open."""
+    now = time.time_ns()
     for writer in list(_writers):
         if writer._view is not None:
-            writer.append(record)
+            writer.append((EXIT, now))
 
 
 def _after_fork_in_child() -> None:

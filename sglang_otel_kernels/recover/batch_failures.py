@@ -11,10 +11,11 @@ import os
 import re
 from typing import Any
 
-from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, MODULE, NAME, STAGE
+from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, EXCEPTION_SPAN, MODULE, NAME, STAGE, THREAD_NAME
 from .reader import RecoveredSpan, TraceFileContents
 
 FRAMES = 6  # innermost frames kept of a batch's exception
+MAX_UNCAUGHT = 16  # exceptions no code caught shown of one process, the newest
 _MAX_STACK = 1 << 16  # characters of a stack trace read (a file's text is untrusted)
 _FRAME = re.compile(r'^\s*File "([^"\n]{1,4096})", line (\d{1,9}), in (\S{1,256})\s*$')
 # Frames of this package (the decorator's wrapper) say nothing of where a batch failed.
@@ -157,11 +158,9 @@ def after_failure(contents: TraceFileContents) -> "dict[str, Any] | None":
     as in "ended 0.1 s after it raised IndexError"; None when nothing failed."""
     if contents.live:
         return None
-    failures = [s for s in contents.spans if not s.in_flight and s.status_code == "ERROR" and (is_batch(s) or NAME in s.attributes)]
+    failures = [s for s in contents.spans if not s.in_flight and s.status_code == "ERROR"
+                and (is_batch(s) or NAME in s.attributes or s.name == EXCEPTION_SPAN)]
     last = max(failures, key=lambda span: span.end_time, default=None)
-    raised = contents.raised[-1] if contents.raised else None
-    if raised is not None and (last is None or raised[1] >= last.end_time):
-        return {"exception": raised[2], "seconds": round(max(contents.last_alive - raised[1], 0) / 1e9, 1)}
     if last is None:
         return None
     exception = next((attrs for name, _, attrs in last.events if name == "exception"), {})
@@ -170,22 +169,30 @@ def after_failure(contents: TraceFileContents) -> "dict[str, Any] | None":
 
 
 def uncaught(contents: TraceFileContents) -> list[dict[str, Any]]:
-    """The exceptions no code caught in this process, each with the kernel
-    call that ended last before it: a device error raised there was caused by
-    a kernel launched before, most likely by that call or one just before it."""
+    """The exceptions no code caught in this process (its EXCEPTION_SPAN
+    spans), each with the kernel call that ended last before it: a device
+    error raised there was caused by a kernel launched before, most likely by
+    that call or one just before it."""
     calls = [span for span in contents.spans if NAME in span.attributes and not span.in_flight]
     found = []
-    for thread, when, kind, message, frames in contents.raised:
-        before = max((span for span in calls if span.end_time <= when), key=lambda span: span.end_time, default=None)
+    for span in contents.spans:
+        if span.name != EXCEPTION_SPAN or span.in_flight:
+            continue
+        exception = exception_of(span) or {"type": "", "message": "", "stacktrace": ""}
+        before = max((call for call in calls if call.end_time <= span.start_time), key=lambda call: call.end_time,
+                     default=None)
         found.append({
-            "thread": thread, "time_unix_nano": when,
-            "exception": {"type": kind, "message": message},
-            "device_error": kind == "AcceleratorError" or message.startswith(("CUDA error", "XPU error")),
-            "frames": [{"function": function, "file": file, "line": line} for file, line, function in frames],
+            "thread": str(span.attributes.get(THREAD_NAME, "")), "time_unix_nano": span.start_time,
+            "exception": {"type": exception["type"], "message": exception["message"]},
+            "device_error": exception["type"] == "AcceleratorError"
+            or exception["message"].startswith(("CUDA error", "XPU error")),
+            "frames": innermost_frames(exception["stacktrace"]),
             "last_call": None if before is None else before.name,
-            "seconds_after_last_call": None if before is None else round((when - before.end_time) / 1e9, 3),
+            "seconds_after_last_call": None if before is None else round((span.start_time - before.end_time) / 1e9, 3),
+            "trace_id": f"{span.trace_id:032x}",
+            "span_id": f"{span.span_id:016x}",
         })
-    return found
+    return found[-MAX_UNCAUGHT:]
 
 
 def uncaught_sentence(error: dict[str, Any]) -> str:

@@ -19,7 +19,8 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
-from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, COPY_OF, GRAPH_REPLAY, NAME, STOP_SPAN
+from ..schema import (COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, COPY_OF, EXCEPTION_SPAN, GRAPH_REPLAY, NAME,
+                      STOP_SPAN)
 from .batch_failures import is_batch
 from .otlp_json import exported_ending, without_answered_snapshots
 from .reader import RecoveredSpan, TraceFileContents, TraceFileError
@@ -27,6 +28,9 @@ from .reader import RecoveredSpan, TraceFileContents, TraceFileError
 NEWEST_PER_THREAD = 200  # kernel calls of each thread (and of each process) a timeline draws
 NEWEST_COLLECTIVES = 4096  # of each group (and point-to-point pair): enough to line ranks up and compare them
 _ANCESTRY = 64  # parent hops kept above a shown call (its batch, its request)
+
+# The process's own spans a report reads: why it was told to stop, the exceptions no code caught.
+_PROCESS_SPANS = frozenset({STOP_SPAN, EXCEPTION_SPAN})
 
 
 @dataclasses.dataclass
@@ -55,7 +59,7 @@ def digest(contents: TraceFileContents, last: int = 10) -> Digest:
     for span in contents.spans:
         attributes = span.attributes
         if NAME not in attributes:
-            if span.in_flight or (span.status_code == "ERROR" and is_batch(span)) or span.name == STOP_SPAN:
+            if span.in_flight or (span.status_code == "ERROR" and is_batch(span)) or span.name in _PROCESS_SPANS:
                 keep.add(span.span_id)
             continue
         row = summary.get(span.name)

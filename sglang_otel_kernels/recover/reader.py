@@ -105,8 +105,6 @@ class TraceFileContents:
     format_version: int | None = None  # a trace file's format (None: OTLP JSON, Jaeger)
     # Where its threads were once silent for a while: ident -> (when written, silent since, frames innermost first)
     stacks: dict = dataclasses.field(default_factory=dict)
-    # Exceptions no code caught (RAISED records), the newest last: (thread name, time, type, message, frames)
-    raised: list = dataclasses.field(default_factory=list)
     # CUDA graphs the file names: id -> (their captured calls, each (name, input shapes, input dtypes), calls left out)
     graphs: dict = dataclasses.field(default_factory=dict)
 
@@ -392,7 +390,7 @@ def _parse(path: str, data) -> TraceFileContents:
                         "been overwritten, were left out (not counted as in flight)")
     return TraceFileContents(path, metadata, spans, len(entries), skipped, problems, last_time,
                              heartbeat=heartbeat, exited=assembler.exited, graphs=assembler.graph_calls(),
-                             stacks=assembler.stacks, raised=assembler.raised, format_version=struct.unpack_from("<I", data, 8)[0])
+                             stacks=assembler.stacks, format_version=struct.unpack_from("<I", data, 8)[0])
 
 
 def with_gaps(entries: list[tuple[int, int, tuple]]) -> list[tuple]:
@@ -566,11 +564,6 @@ def _content(payload: bytes, encoding: int):
     if kind == fmt.STACK and len(record) == 5 and _is_u64(record[1]) and _is_time(record[2]) and _is_time(record[3]):
         frames = _frames(record[4])
         return None if frames is None else (fmt.STACK, record[1], record[2], record[3], frames)
-    if (kind == fmt.RAISED and len(record) == 6 and type(record[1]) is str and _is_time(record[2])
-            and type(record[3]) is str and type(record[4]) is str):
-        frames = _frames(record[5])
-        return None if frames is None else (fmt.RAISED, utf8(record[1][:256]), record[2], utf8(record[3][:256]),
-                                            utf8(record[4][:_MESSAGE_LENGTH]), frames)
     if (kind == fmt.FAILURE and len(record) == 4 and type(record[1]) is int
             and type(record[2]) is str and type(record[3]) is str):
         return (fmt.FAILURE, record[1], utf8(record[2]), utf8(record[3]))
@@ -927,8 +920,6 @@ def _end(record: tuple) -> "tuple | None":
 
 
 _MAX_LATE = 65536  # spans with attributes written after their end, kept by a reader
-_MAX_RAISED = 16  # uncaught exceptions kept by a reader, the newest
-_MESSAGE_LENGTH = 2000
 
 
 class Assembler:
@@ -952,7 +943,6 @@ class Assembler:
         self.exited = False  # an EXIT record: the interpreter exited normally
         self.graphs: dict = {}  # CUDA graph id -> (its captured calls, names as in the file; calls left out)
         self.stacks: dict = {}  # thread ident -> (time, silent since, frames): its newest STACK record
-        self.raised: list = []  # (thread name, time, type, message, frames) of each RAISED record, the newest
         # Attributes written after a span ended (a CUDA graph replay's NaN flags), by span id; bounded.
         self.late: dict[int, dict] = {}
 
@@ -1015,9 +1005,6 @@ class Assembler:
             self.last_time = max(self.last_time, record[1])
         elif kind == fmt.STACK:
             self.stacks[record[1]] = record[2:]
-        elif kind == fmt.RAISED:
-            self.raised = (self.raised + [record[1:]])[-_MAX_RAISED:]
-            self.last_time = max(self.last_time, record[2])
         return None
 
     def span(self, start: tuple, end: "tuple | None") -> RecoveredSpan:
