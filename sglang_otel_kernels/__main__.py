@@ -130,7 +130,7 @@ def _report(options) -> int:
     import json
 
     from .recover.digest import digest, merge_processes, read_digests
-    from .recover.report import build_report, render_text
+    from .recover.report import build_report, render_text, uncaught_in
 
     if options.last < 0:
         raise _Failure("--last must be 0 or more")
@@ -203,8 +203,7 @@ def _report(options) -> int:
         sys.stdout.write(render_text(report))
     suspects = any(verdict["suspects"] for verdict in report["cross_rank_jobs"])
     faulted = any(fault["exception"] for fault in report["device_faults"])
-    raised = any(info["uncaught"] for info in report["files"])
-    if report["crashed"] or report["failed"] or report["failed_batches"] or suspects or faulted or raised:
+    if report["crashed"] or report["failed"] or report["failed_batches"] or suspects or faulted or uncaught_in(report):
         return 1
     return 3 if report["first_nonfinite_output"] else 0
 

@@ -59,7 +59,7 @@ def _layout_note(tensor: torch.Tensor) -> str:
 
 
 # Dtypes an accelerator reduces directly (`aminmax` exact, `mean` in float32).
-_REDUCED_AS_THEY_ARE = frozenset({"torch.bfloat16", "torch.float16"})
+_REDUCED_AS_THEY_ARE = frozenset({"torch.float32", "torch.bfloat16", "torch.float16"})
 
 
 def _float_view(tensor: torch.Tensor) -> torch.Tensor:
@@ -117,8 +117,7 @@ def fill_statistics(infos: list[TensorInfo]) -> "BaseException | None":
                 info.stats = (low, high, mean, *((0, 0) if _isfinite(low) and _isfinite(high)
                                                  else _host_counts(tensor, source)))
             else:
-                source = tensor if info.dtype == "torch.float32" or info.dtype in _REDUCED_AS_THEY_ARE \
-                    else _float_view(tensor)
+                source = tensor if info.dtype in _REDUCED_AS_THEY_ARE else _float_view(tensor)
                 low, high = torch.aminmax(source)
                 mean = source.mean(dtype=torch.float32)
                 # stack promotes a bfloat16 bound to the float32 of the mean: no launch of its own

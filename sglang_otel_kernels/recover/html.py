@@ -21,7 +21,7 @@ from .batch_failures import at_death_words, failure_sentence, uncaught_sentence
 from .ranks import ending_text
 from .reader import RecoveredSpan, TraceFileContents
 from .report import (batch_lines, build_report, call_lines, call_summary, fault_lines, is_kernel, produced_nonfinite,
-                     render_text)
+                     render_text, uncaught_in)
 
 MAX_CALLS_PER_TRACK = 200  # the newest calls of each thread: what happened just before the end
 
@@ -177,7 +177,7 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
         verdict = ("crashed", f"{suspects} suspect rank(s): see the verdict of the ranks below")
     elif report["failed"]:
         verdict = ("failed", f"{len(report['failed'])} failed call(s)")
-    elif errors := [error for info in report["files"] for error in info.get("uncaught") or ()]:
+    elif errors := uncaught_in(report):
         verdict = ("failed", "FAILED: " + uncaught_sentence(errors[-1]))
     elif any(job.get("waiting_for") for job in report.get("cross_rank_jobs") or ()):
         # Not a hang yet, never "no crash": who everyone waits for, and since when.

@@ -273,6 +273,11 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     }
 
 
+def uncaught_in(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The exceptions no code caught, of every process the report read."""
+    return [error for info in report["files"] for error in info.get("uncaught") or ()]
+
+
 def batch_lines(batch: dict[str, Any], indent: str = "  ") -> list[str]:
     """A failed or cut-short batch: where, its requests, its exception and innermost frames."""
     lines = [f"{indent}{batch['name']}  ({process_text(batch)}; started {batch['start']})",
@@ -409,7 +414,7 @@ def render_text(report: dict[str, Any]) -> str:
                        f" (running {batch['seconds']} s)")
         elif report.get("failed_batches"):
             out.append("the " + failure_sentence(report["failed_batches"][0]))
-        elif not report["in_flight"] and (errors := [e for info in report["files"] for e in info.get("uncaught") or ()]):
+        elif not report["in_flight"] and (errors := uncaught_in(report)):
             out.append(uncaught_sentence(errors[-1]))
         if out:
             out.append("")
