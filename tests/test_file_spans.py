@@ -115,3 +115,48 @@ def test_a_batch_ended_later_is_in_flight_until_its_caller_ends_it(tmp_path):
     spans = {s.name: s for s in sok.read_trace(path)}
     assert not spans["open"].in_flight and spans["open"].attributes["sglang.batch.kernel_calls"] == 1
     assert spans["k"].parent_span_id == spans["open"].span_id
+
+
+def test_consecutive_batches_name_their_own_requests(tmp_path):
+    """A batch of the requests the last one ran reuses what was made for it
+    (every decode step); one of other requests, rows or traces does not."""
+    path = tmp_path / "t.sgltrace"
+    sok.configure(level=1, log_dest="off", trace_file=str(path), tracer_provider=TracerProvider(sampler=ALWAYS_ON))
+    kernel = sok.debug_kernel_api(op_name="k")(lambda: None)
+    steps = [([(None, "a")], [1]), ([(None, "a")], [1]), ([(None, "a"), (None, "b")], [3, 1]),
+             ([(None, "a"), (None, "b")], [1, 1]), ([(REQUEST_A, "a"), (None, "b")], [1, 1]), ([(None, "c")], None)]
+    for step, (requests, rows) in enumerate(steps):
+        with sok.forward_batch(requests, name=f"step{step}", batch_key=(step, tuple(r for _, r in requests)),
+                               rows=rows) as span:
+            kernel()
+            kernel()
+            if step == 1:
+                span.set_attribute("user.note", "second")
+    sok.configure(level=0)
+    spans = {span.name: span for span in sok.read_trace(path)}
+    for step, (requests, _) in enumerate(steps):
+        attributes = spans[f"step{step}"].attributes
+        assert list(attributes["sglang.batch.request_ids"]) == [r for _, r in requests]
+        assert attributes["sglang.batch.size"] == len(requests)
+        assert attributes["sglang.batch.kernel_calls"] == 2
+        assert attributes.get("sglang.batch.untraced_requests", 0) == sum(c is None for c, _ in requests)
+        assert ("user.note" in attributes) == (step == 1)
+    assert [link[2] for link in spans["step4"].links] == [{"sglang.request.id": "a"}]
+    assert spans["step4.request"].trace_id == int("1" * 32, 16)  # a request span in the traced request's trace
+    # Each step its own trace: a step's trace id comes from its key, the same key gives the same one.
+    roots = [spans[f"step{step}"].trace_id for step in (0, 1, 2, 3, 5)]
+    assert len(set(roots)) == len(roots)
+
+
+def test_a_step_keyed_trace_id_is_the_key_s_on_every_rank():
+    """A key of a step number and the requests: the same id wherever it is
+    made (each rank makes its own), another for another step or requests."""
+    from sglang_otel_kernels.capture import requests
+
+    ids = {step: requests._keyed_trace_id((step, ("a", "b"))) for step in range(1000)}
+    assert len(set(ids.values())) == 1000 and all(0 < value < 1 << 128 for value in ids.values())
+    requests._keyed_trace_id((7, ("c",)))  # another batch in between
+    assert requests._keyed_trace_id((3, ("a", "b"))) == ids[3]
+    assert requests._keyed_trace_id((3, ("a",))) != ids[3]
+    # Not a step and the rest: hashed whole, as any other key.
+    assert requests._keyed_trace_id("batch 3") == requests._keyed_trace_id("batch 3") != ids[3]

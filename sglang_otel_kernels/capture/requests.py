@@ -101,9 +101,33 @@ def _normalise(requests: Iterable[Any]) -> list[tuple[SpanContext | None, str | 
 
 
 def _keyed_trace_id(key: Any) -> int:
-    """A batch's trace id, from its key and the job: the same on every rank."""
-    digest = hashlib.blake2b(repr((identity.value("job"), key)).encode(), digest_size=16).digest()
-    return int.from_bytes(digest, "big") or 1
+    """A batch's trace id, from its key and the job: the same on every rank.
+    A key of a step number and what stays from step to step (SGLang's: its
+    forward count and request ids) has the rest hashed once while it stays,
+    and each step's number mixed in (every decode step comes here)."""
+    global _base
+    job = identity.value("job")
+    if type(key) is not tuple or len(key) != 2 or type(key[0]) is not int or type(key[1]) is not tuple:
+        return _digest((job, key))
+    step, rest = key
+    base = _base
+    try:
+        same = base[0] == rest and base[1] == job
+    except Exception:  # items that do not compare: hashed every time
+        return _digest((job, key))
+    if not same:
+        base = _base = (rest, job, _digest((job, rest)))
+    # Multiplying by an odd number is a bijection modulo 2**128: one key's steps never share an id.
+    return ((base[2] ^ step) * _MIX) & _ID_MASK or 1
+
+
+def _digest(value: Any) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=16).digest(), "big")
+
+
+_base: tuple = (object(), None, 0)  # (the last stable part of a key, the job, their digest)
+_MIX = 0x9E3779B97F4A7C15F39CC0605CEDC835
+_ID_MASK = (1 << 128) - 1
 
 
 def _context_of(span_context: SpanContext) -> context_api.Context:
@@ -192,6 +216,56 @@ def forward_batch(
     return _BatchScope(requests, name, attributes, batch_key, rows, end_later)
 
 
+class _Members:
+    """What a batch span and its kernel calls need of the batch's requests:
+    the attributes naming them, the links to the traced ones, the parent (a
+    batch of one traced request), the Batch its calls see. Made when the
+    requests change and reused while the same ones run again: a scheduler's
+    decode steps run one batch of the same requests after another, and making
+    these every step cost more than the span's records."""
+
+    __slots__ = ("key", "attributes", "links", "parent", "traced", "names", "counts", "published")
+
+    def __init__(self, key: tuple, members: list, counts: "tuple[int, ...] | None") -> None:
+        self.key = key
+        request_ids, traced, names = [], [], []
+        for position, member in enumerate(members):
+            span_context, request_id = member
+            if request_id is not None:
+                request_ids.append(request_id)
+                names.append(request_id)
+            else:
+                names.append(f"#{position}")
+            if span_context is not None:
+                traced.append(member)
+        size = len(members)
+        # Shared by the spans of every step these requests run: never changed (FileSpan and the SDK copy or add).
+        self.attributes: dict[str, Any] = {BATCH_SIZE: size, BATCH_REQUEST_IDS: request_ids}
+        if len(traced) < size:
+            self.attributes[BATCH_UNTRACED] = size - len(traced)
+        self.links = tuple(Link(span_context, {REQUEST_ID: request_id} if request_id else None)
+                           for span_context, request_id in traced)
+        self.parent = traced[0][0] if size == 1 and traced else None
+        self.traced = traced if size > 1 else ()  # each gets a request span under the batch, linked to it
+        self.names, self.counts = names, counts
+        # With request spans, the Batch names them, new every step; without, one serves every step.
+        self.published = None if self.traced else batches.Batch((), names, counts)
+
+
+_recent: "_Members | None" = None  # the last batch's (any thread's: one reference, replaced whole)
+
+
+def _members_of(requests: Iterable[Any], rows: Any) -> _Members:
+    """The `_Members` of these requests: the last batch's when they are the same."""
+    global _recent
+    members = _normalise(requests)
+    key = (members, _row_counts(rows, len(members)))
+    recent = _recent
+    if recent is None or recent.key != key:
+        recent = _recent = _Members(key, members, key[1])
+    return recent
+
+
 class _BatchScope:
     """`forward_batch`'s context manager. A class, not a generator: SGLang's
     scheduler enters one every decode step, where contextlib's wrapper and a
@@ -206,35 +280,16 @@ class _BatchScope:
     def __enter__(self) -> trace.Span:
         requests, name, attributes, batch_key, rows = self._arguments
         tracer = kernel_tracer()
-        members = _normalise(requests)
-        # One pass (not a comprehension each: every decode step comes here): the ids the batch
-        # names, its traced members, and each member's name for NaN provenance.
-        request_ids, traced, names = [], [], []
-        for position, member in enumerate(members):
-            span_context, request_id = member
-            if request_id is not None:
-                request_ids.append(request_id)
-                names.append(request_id)
-            else:
-                names.append(f"#{position}")
-            if span_context is not None:
-                traced.append(member)
-        size = len(members)
-        batch_attributes: dict[str, Any] = {BATCH_SIZE: size, BATCH_REQUEST_IDS: request_ids}
-        if len(traced) < size:
-            batch_attributes[BATCH_UNTRACED] = size - len(traced)
-        if attributes:
-            batch_attributes.update(attributes)
-        links = [Link(span_context, {REQUEST_ID: request_id} if request_id else None)
-                 for span_context, request_id in traced] if traced else ()
-        parent = traced[0][0] if size == 1 and traced else None
-        several = size > 1 and traced  # request spans under the batch, linked to it
+        current = context_api.get_current()
+        members = _members_of(requests, rows)
+        batch_attributes = {**members.attributes, **attributes} if attributes else members.attributes
+        links, parent, traced = members.links, members.parent, members.traced
         if file_only(tracer, len(links)):  # the trace file alone: its records written straight (record/file_spans.py)
-            around = parent or trace.get_current_span().get_span_context()
+            around = parent or batches.current_span_context(current)
             batch = FileSpan(name, around, batch_attributes, links,
                              trace_id=_keyed_trace_id(batch_key) if batch_key is not None and not around.is_valid else None)
-            if several:
-                batch_link = (Link(batch.get_span_context(), {BATCH_SIZE: size}),)
+            if traced:
+                batch_link = (Link(batch.get_span_context(), {BATCH_SIZE: len(members.names)}),)
                 request_spans = [FileSpan(f"{name}.request", span_context, {REQUEST_ID: request_id} if request_id else {},
                                           batch_link) for span_context, request_id in traced]
         else:
@@ -247,22 +302,22 @@ class _BatchScope:
             finally:
                 if ids is not None:
                     ids.forget()
-            if several:
-                batch_link = [Link(batch.get_span_context(), {BATCH_SIZE: size})]
+            if traced:
+                batch_link = [Link(batch.get_span_context(), {BATCH_SIZE: len(members.names)})]
                 request_spans = [tracer.start_span(f"{name}.request", context=_context_of(span_context),
                                                    kind=SpanKind.INTERNAL,
                                                    attributes={REQUEST_ID: request_id} if request_id else None,
                                                    links=batch_link) for span_context, request_id in traced]
-        if several:  # the request spans copies go under (no generator frame every step where there are none)
-            copies_under = tuple((span.get_span_context(), request_id)
-                                 for span, (_, request_id) in zip(request_spans, traced))
+        if traced:  # the request spans copies go under
+            published = batches.Batch(tuple((span.get_span_context(), request_id)
+                                            for span, (_, request_id) in zip(request_spans, traced)),
+                                      members.names, members.counts)
         else:
-            request_spans = copies_under = ()
-        published = batches.Batch(copies_under, names, _row_counts(rows, size))
+            request_spans, published = (), members.published
         self._batch, self._request_spans = batch, request_spans
         self._state = per_thread.state
         self._calls_before = self._state[CALLS]
-        self._token = context_api.attach(batches.publish(published, trace.set_span_in_context(batch)))
+        self._token = context_api.attach(batches.publish(published, batch, current))
         return batch
 
     def __exit__(self, kind, exc, traceback) -> bool:

@@ -20,12 +20,15 @@ import itertools
 from typing import Iterable, Sequence, TypeVar
 
 from opentelemetry import context as context_api
+from opentelemetry import trace
 
 from ..schema import HAS_INF, HAS_NAN, HUNG, IN_FLIGHT, NONFINITE, NONFINITE_REQUESTS
 
 # Request ids `sglang.kernel.nonfinite_requests` names at most (the first ones, in batch order).
 MAX_NONFINITE_REQUESTS = 256
 _KEY = context_api.create_key("sglang_otel_kernels.batch")
+# The key OpenTelemetry keeps a context's current span under, as its own API sets it.
+(SPAN_KEY,) = trace.set_span_in_context(trace.INVALID_SPAN, context_api.Context()).keys()
 Request = TypeVar("Request", bound=tuple)
 
 
@@ -62,9 +65,16 @@ class Batch:
         return [self.names[index] for index in sorted(members) if 0 <= index < len(self.names)]
 
 
-def publish(batch: Batch, context: context_api.Context) -> context_api.Context:
-    """`context` with `batch` as the batch its kernel calls run in."""
-    return context_api.set_value(_KEY, batch, context)
+def publish(batch: Batch, span: trace.Span, context: context_api.Context) -> context_api.Context:
+    """`context` with `span` as its current span and `batch` as the batch its
+    kernel calls run in: one copy of it, not one a value (every decode step)."""
+    return context_api.Context({**context, SPAN_KEY: span, _KEY: batch})
+
+
+def current_span_context(context: context_api.Context) -> trace.SpanContext:
+    """The context of `context`'s current span (`trace.get_current_span`'s, from a context in hand)."""
+    span = context.get(SPAN_KEY)
+    return span.get_span_context() if isinstance(span, trace.Span) else trace.INVALID_SPAN_CONTEXT
 
 
 def current() -> "Batch | None":

@@ -6,7 +6,7 @@ A serving engine opens a batch span per forward pass: on SGLang's real server
 that is one per decode step, on its hot path. Through the SDK a span costs its
 sampler, id generator, attribute checks and processor chain, about 50 us here,
 to produce the two records `FileSpan` writes itself (the processor's own
-`write_start` / `write_end`). Where the provider has anything else to feed (an
+`write_start`, and an end holding what the end adds, as a kernel call's). Where the provider has anything else to feed (an
 exporter, an application's processors, another sampler, limits), spans go
 through the SDK as before (`file_only`).
 """
@@ -14,6 +14,7 @@ through the SDK as before (`file_only`).
 from __future__ import annotations
 
 import random
+import sys
 from time import time_ns
 from typing import Any, Mapping, Sequence
 
@@ -35,25 +36,42 @@ _SCOPE = (TRACER_NAME, __version__)
 _UNSET, _OK = StatusCode.UNSET.value, StatusCode.OK.value
 
 
+_verdict: tuple = (None, None, -1)  # (a tracer, its processors, the links its spans take straight; -1: none)
+
+
 def file_only(tracer: Any, links: int = 0) -> bool:
     """Whether every span `tracer` starts (with up to `links` links) would be
     recorded whole and reach the trace file's processor alone: an SDK tracer
     whose provider has that processor only, samples everything, makes random
     ids, and has no attribute length limit and room for the links and a batch
     span's attributes (the SDK keeps these privately: anything else, the SDK path)."""
-    if (type(tracer) is not Tracer or tracer.sampler is not ALWAYS_ON
-            or not getattr(getattr(tracer, "_tracer_config", None), "is_enabled", True)):
+    global _verdict
+    if not getattr(getattr(tracer, "_tracer_config", None), "is_enabled", True):
         return False
+    # What a tracer can change after it is made is its provider's processors (a new tuple each
+    # time one is added): the verdict is kept for the last tracer and processors asked about,
+    # since a batch asks every step.
+    processors = getattr(getattr(tracer, "span_processor", None), "_span_processors", None)
+    verdict = _verdict
+    if verdict[0] is not tracer or verdict[1] is not processors:
+        verdict = _verdict = (tracer, processors, _links_taken(tracer, processors))
+    return links <= verdict[2]
+
+
+def _links_taken(tracer: Any, processors: Any) -> int:
+    """How many links a span of `tracer` may have and be written straight; -1 where none is."""
+    if type(tracer) is not Tracer or tracer.sampler is not ALWAYS_ON:
+        return -1
     ids = tracer.id_generator
     if type(getattr(ids, "inner", ids)) is not RandomIdGenerator:  # (`inner`: forward_batch's keyed wrapper)
-        return False
-    processors = getattr(getattr(tracer, "span_processor", None), "_span_processors", None)
+        return -1
     limits = getattr(tracer, "_span_limits", None)
-    return (isinstance(processors, tuple) and bool(processors)
+    if not (isinstance(processors, tuple) and processors
             and all(type(p) is _processor.TraceFileProcessor for p in processors)
             and limits is not None and limits.max_attribute_length is None
-            and (limits.max_span_attributes is None or limits.max_span_attributes >= 16)
-            and (limits.max_links is None or limits.max_links >= links))
+            and (limits.max_span_attributes is None or limits.max_span_attributes >= 16)):
+        return -1
+    return sys.maxsize if limits.max_links is None else limits.max_links
 
 
 def _checked(attributes: "Mapping[str, Any] | None") -> dict:
@@ -63,8 +81,10 @@ def _checked(attributes: "Mapping[str, Any] | None") -> dict:
 
 class FileSpan(trace.Span):
     """A recording span whose start and end are trace-file records. Its
-    attributes at the start are the caller's own, trusted (`forward_batch`
-    builds them); those set later are checked as the SDK checks them."""
+    attributes at the start are the caller's own, trusted and never changed
+    (`forward_batch` builds them, and gives one batch's dict to the spans of
+    many steps); those set later are checked as the SDK checks them, and its
+    end record holds just those."""
 
     def __init__(self, name: str, parent: "SpanContext | None", attributes: dict,
                  links: Sequence[Link] = (), kind: SpanKind = SpanKind.INTERNAL,
@@ -79,7 +99,7 @@ class FileSpan(trace.Span):
             if trace_id is None:
                 trace_id = _bits(128) or 1
         self._context = SpanContext(trace_id, _bits(64) or 1, False, _SAMPLED, state)
-        self._attributes = attributes
+        self._added: dict = {}
         self._events: list = []
         self._status, self._description = _UNSET, None
         self._ended = False
@@ -89,7 +109,7 @@ class FileSpan(trace.Span):
         try:
             scope = writer.symbols.get(_SCOPE) or writer.symbol(_SCOPE)
             _processor.write_start(writer, self._context, parent, attributes, tuple(links), name, scope, time_ns(),
-                                   kind.value)
+                                   kind._value_)
         except Exception as exc:
             warn_failed_once("trace-file record", exc)
 
@@ -103,13 +123,13 @@ class FileSpan(trace.Span):
         if self._ended:
             return
         if type(key) is str and key and type(value) in (int, str, bool, float):  # what the SDK's check lets through
-            self._attributes[key] = value
+            self._added[key] = value
         else:
-            self._attributes.update(_checked({key: value}))
+            self._added.update(_checked({key: value}))
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         if not self._ended:
-            self._attributes.update(_checked(attributes))
+            self._added.update(_checked(attributes))
 
     def add_event(self, name: str, attributes: "Mapping[str, Any] | None" = None,
                   timestamp: int | None = None) -> None:
@@ -143,7 +163,7 @@ class FileSpan(trace.Span):
         if writer is None or writer.failed:
             return
         try:
-            _processor.write_end(writer, self._context.trace_id, self._context.span_id, end_time or time_ns(),
-                                 self._status, self._description, tuple(self._events), self._attributes)
+            _processor.write_added_end(writer, self._context[1], end_time or time_ns(), self._status,
+                                       self._description or "", tuple(self._events), self._added)
         except Exception as exc:
             warn_failed_once("trace-file record", exc)

@@ -182,6 +182,21 @@ def write_end(writer: "tracefile.TraceFileWriter", trace_id: int, span_id: int, 
     writer.append((tracefile.END, trace_id, span_id, end, code, description or "", events, attributes))
 
 
+def write_added_end(writer: "tracefile.TraceFileWriter", span_id: int, end: int, status: int, description: str,
+                    events: tuple, added: "dict | None", _compact=tracefile.COMPACT_END.pack,
+                    _encoding=tracefile.ENCODING_COMPACT_END, _attributed=tracefile.ENCODING_ATTRIBUTED_END,
+                    _encode=tracefile.encode) -> None:
+    """The end of a span whose start record holds its attributes, as what the
+    end adds to them, in the smallest record that holds it: COMPACT_END
+    (nothing added), ATTRIBUTED_END (attributes only) or CALL_END."""
+    if events or description:
+        writer.append((tracefile.CALL_END, span_id, end, status, description, events, added or {}))
+    elif added:
+        writer.write_record(_attributed, _compact(span_id, end, status) + _encode(added))
+    else:
+        writer.write_record(_encoding, _compact(span_id, end, status))
+
+
 class TraceFileProcessor(SpanProcessor):
     """Attached once per TracerProvider; writes to the current trace file.
 

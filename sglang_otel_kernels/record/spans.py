@@ -290,19 +290,13 @@ class KernelSpans:
 
     def end(self, call: tuple, added: dict | None = None, events: tuple = (),
             status: int = _STATUS_UNSET, description: str = "", _now=time_ns,
-            _compact=tracefile.COMPACT_END.pack, _encoding=tracefile.ENCODING_COMPACT_END,
-            _attributed=tracefile.ENCODING_ATTRIBUTED_END, _encode=tracefile.encode) -> None:
+            _write_end=_processor.write_added_end) -> None:
         """Writes the end record and hands the ended call to the processors."""
         _, span_id, flags, _, outer, writer, _, _, attributes, state, _ = call
         state[CALL] = outer
         end = _now()
         if writer is not None:  # one that failed since the start writes nothing
-            if events or description:
-                writer.append((tracefile.CALL_END, span_id, end, status, description, events, added or {}))
-            elif added:
-                writer.write_record(_attributed, _compact(span_id, end, status) + _encode(added))
-            else:
-                writer.write_record(_encoding, _compact(span_id, end, status))
+            _write_end(writer, span_id, end, status, description, events, added)
         if attributes is not None and flags & tracefile.FLAG_SAMPLED:
             self._hand_over(call, end, added, events, status, description)
 
