@@ -39,9 +39,11 @@ Layout (all integers little-endian):
              call number the graph's id and its replay number packed
              (REPLAY_SHIFT); it ends with a COMPACT_END, an ATTRIBUTED_END
              or a CALL_END record; 6: ATTRIBUTED_END, the end of a kernel
-             call that added attributes (its outputs) and has no events and
-             no description: COMPACT_END's fields, then those attributes as
-             marshal data, which repeat from call to call and so are read once
+             call that added attributes (its outputs), or of a span written
+             straight (record/file_spans.py) that added some after its
+             start, with no events and no description: COMPACT_END's
+             fields, then those attributes as marshal data, which repeat
+             from call to call and so are read once
 
 Span names, instrumentation scopes and black-box kernel names are written once
 as SYMBOL records and referred to by number; thread names once as THREAD
