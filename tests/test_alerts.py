@@ -6,7 +6,7 @@ the culprit, and turns into a death page when the job is killed, which
 resolves, while the Collector's archive tells the same story as the trace
 files (states, suspects, durations, the Chrome timeline); a kernel's first
 failure and first NaN/Inf open tickets; a slow but healthy kernel pages
-nothing."""
+nothing; a crash outside any kernel call pages once, saying why."""
 
 import json
 import os
@@ -272,3 +272,67 @@ def test_a_first_failure_and_a_first_nan_open_tickets_and_a_slow_healthy_kernel_
     finally:
         worker.kill()
         worker.wait(timeout=30)
+
+
+CRASHES = """
+import os, sys, time, torch, sglang_otel_kernels as sok
+
+@sok.debug_kernel_api(op_name="layer.last")
+def last(x):
+    return x * 1.0
+
+x = torch.ones(4)
+for _ in range(3):
+    last(x)
+print("ready", flush=True)
+if sys.argv[1] == "raise":  # a device error raised by a later synchronisation, after its kernel call returned
+    time.sleep(2)
+    raise RuntimeError("CUDA error: device-side assert triggered")
+time.sleep(600)  # killed here, between kernels (the OOM killer's way)
+"""
+
+
+def test_a_crash_outside_any_kernel_call_pages_once_with_why(stack, tmp_path):
+    """A process that ends after an exception no code caught, and one killed
+    between kernel calls: each pages ProcessCrashed, saying why and naming
+    its last kernel call, and nothing else fires for them."""
+    prometheus = stack["prometheus"]
+    workers = {}
+    for how in ("raise", "kill"):
+        (tmp_path / how).mkdir()
+        workers[how] = subprocess.Popen(
+            [sys.executable, "-c", CRASHES, how], cwd=tmp_path / how, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=stack["collector"].endpoint,
+                                     OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_SERVICE_NAME=f"alerts-{how}",
+                                     OTEL_METRIC_EXPORT_INTERVAL="1000", SGLANG_KERNEL_API_LOGLEVEL="1",
+                                     SGLANG_KERNEL_API_LOGDEST="off",
+                                     SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / how / "trace_%i.sgltrace")))
+    try:
+        for worker in workers.values():
+            assert worker.stdout.readline() == "ready\n", worker.stderr.read()
+        workers["raise"].wait(timeout=60)
+        assert "device-side assert" in workers["raise"].stderr.read()
+        workers["kill"].kill()  # asleep, between kernel calls
+        workers["kill"].wait(timeout=30)
+        seen = []
+
+        def pages():
+            alerts = [a for how in workers for a in _of(prometheus, f"alerts-{how}")]
+            seen.extend(_firing(alerts))
+            firing = {(a["labels"]["job"], a["labels"]["alertname"], a["labels"]["severity"],
+                       a["labels"]["sglang_process_reason"], a["labels"]["sglang_kernel_name"])
+                      for a in alerts if a["state"] == "firing"}
+            return firing if len(firing) == 2 else None
+
+        assert wait("the two crash pages", pages, timeout=90) == {
+            ("alerts-raise", "ProcessCrashed", "page", "RuntimeError", "layer.last"),
+            ("alerts-kill", "ProcessCrashed", "page", "killed", "layer.last")}
+        for alert in [a for how in workers for a in _of(prometheus, f"alerts-{how}")]:
+            assert alert["labels"]["host_name"] == socket.gethostname()
+            assert alert["annotations"]["runbook_url"] == "docs/runbook.md#processcrashed"
+        assert {name for name, _ in seen} == {"ProcessCrashed"}, seen
+        wait("both resolved", lambda: not any(_of(prometheus, f"alerts-{how}") for how in workers), timeout=90)
+    finally:
+        for worker in workers.values():
+            worker.kill()
+            worker.wait(timeout=30)

@@ -536,13 +536,63 @@ def test_the_sidecars_gauges_name_the_innermost_call_and_read_0_once_when_it_is_
     # The stuck call's series reads 0 once, so that its last value does not linger where it is served.
     assert {key: value for key, value in exported.exports[-1].items() if key[0] == gauge} == {
         (gauge, collective): 2.0, (gauge, stuck): 0}
-    metrics.died([outer, inner], "")
+    metrics.ended(True, [outer, inner], "")
     metrics.provider.force_flush()
     metrics.provider.force_flush()
     death = "sglang.kernel.in_flight_at_death"
     assert {key: value for key, value in exported.exports[-1].items() if key[0] in (gauge, death)} == {
         (death, tuple(sorted(stuck + (("sglang.process.fatal_signal", "none"),)))): 1}
     metrics.close()
+
+
+def _ended_span(name, status="OK", exception=None, **attributes):
+    from types import SimpleNamespace
+
+    events = [("exception", 0, {"exception.type": exception, "exception.message": "m"})] if exception else []
+    return SimpleNamespace(name=name, status_code=status, status_description=None, in_flight=False, events=events,
+                           attributes=attributes)
+
+
+def _crashes(*spans, died=True, signal=""):
+    """What `sglang.process.crashed` and `sglang.kernel.in_flight_at_death` say of a process whose file held `spans`."""
+    from opentelemetry.sdk.resources import Resource
+
+    from sglang_otel_kernels.recover.metrics import KernelMetrics
+
+    exported = _KeptMetrics()
+    metrics = KernelMetrics(exported, Resource({}))
+    metrics.labels = {"sglang.rank": 0}
+    for span in spans:
+        metrics.count(span)
+    metrics.ended(died, [], signal)
+    metrics.close()
+    return {key: value for key, value in exported.points.items()
+            if key[0] in ("sglang.process.crashed", "sglang.kernel.in_flight_at_death")}
+
+
+def test_a_process_gone_outside_any_kernel_call_is_gauged_as_a_crash_with_why():
+    call = lambda name, status="OK", exception=None: _ended_span(  # noqa: E731
+        name, status, exception, **{"sglang.kernel.name": name})
+    batch = _ended_span("sglang.forward_batch", "ERROR", "IndexError", **{"sglang.batch.size": 1})
+    raised = _ended_span("sglang.process.exception", "ERROR", "AcceleratorError")
+    crashed = lambda reason, kernel: {  # noqa: E731
+        ("sglang.process.crashed", (("sglang.kernel.name", kernel), ("sglang.process.reason", reason),
+                                    ("sglang.rank", 0))): 1}
+    # Killed between kernels (the OOM killer), of a fatal signal between them, by its parent after its batch failed.
+    assert _crashes(call("a"), call("b")) == crashed("killed", "b")
+    assert _crashes(call("a"), signal="SIGSEGV") == crashed("SIGSEGV", "a")
+    assert _crashes(call("a"), call("embedding", "ERROR", "IndexError"), batch) == crashed("IndexError", "embedding")
+    # An exception no code caught, then an exit: a device error raised after its kernel call returned.
+    assert _crashes(call("a"), raised, died=False) == crashed("AcceleratorError", "a")
+    # An exit right after its batch failed (SGLang's scheduler returns then), and after a failed call.
+    assert _crashes(call("embedding", "ERROR", "IndexError"), batch, died=False) == crashed("IndexError", "embedding")
+    assert _crashes(call("a", "ERROR", "RuntimeError"), died=False) == crashed("RuntimeError", "a")
+    # A failure it went on after says nothing of its end: killed later, or an exit, which is no crash.
+    assert _crashes(call("a", "ERROR", "RuntimeError"), call("a")) == crashed("killed", "a")
+    assert _crashes(call("a", "ERROR", "RuntimeError"), call("a"), died=False) == {}
+    assert _crashes(call("a"), died=False) == {}
+    # A process that made no kernel call (a server's front end) pages for nothing when killed.
+    assert _crashes(_ended_span("http.request")) == {}
 
 
 def test_watch_gauges_the_suspects_of_live_jobs_only_and_a_suspect_gone_reads_0_once():

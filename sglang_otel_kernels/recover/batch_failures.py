@@ -158,14 +158,24 @@ def after_failure(contents: TraceFileContents) -> "dict[str, Any] | None":
     as in "ended 0.1 s after it raised IndexError"; None when nothing failed."""
     if contents.live:
         return None
-    failures = [s for s in contents.spans if not s.in_flight and s.status_code == "ERROR"
-                and (is_batch(s) or NAME in s.attributes or s.name == EXCEPTION_SPAN)]
-    last = max(failures, key=lambda span: span.end_time, default=None)
+    last = max(filter(is_failure, contents.spans), key=lambda span: span.end_time, default=None)
     if last is None:
         return None
-    exception = next((attrs for name, _, attrs in last.events if name == "exception"), {})
-    kind = exception.get("exception.type") or (last.status_description or "an error").split(":", 1)[0]
-    return {"exception": str(kind), "seconds": round(max(contents.last_alive - last.end_time, 0) / 1e9, 1)}
+    return {"exception": failure_kind(last), "seconds": round(max(contents.last_alive - last.end_time, 0) / 1e9, 1)}
+
+
+def is_failure(span: RecoveredSpan) -> bool:
+    """A failure of the process's: a batch or kernel call that ended in an
+    error, or an exception no code caught."""
+    return (not span.in_flight and span.status_code == "ERROR"
+            and (is_batch(span) or NAME in span.attributes or span.name == EXCEPTION_SPAN))
+
+
+def failure_kind(span: RecoveredSpan) -> str:
+    """The type of the exception a failed span ended in (`IndexError`): its
+    `exception` event's, else the head of its status description."""
+    exception = next((attrs for name, _, attrs in span.events if name == "exception"), {})
+    return str(exception.get("exception.type") or (span.status_description or "an error").split(":", 1)[0])[:256]
 
 
 def uncaught(contents: TraceFileContents) -> list[dict[str, Any]]:

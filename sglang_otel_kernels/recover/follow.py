@@ -421,12 +421,13 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 left = assembler.in_flight()
                 if counted is not None:
                     counted.in_flight([], last_alive)
+                signal = ""
                 if not assembler.exited:  # how it died, on each call it left in flight: a hang killed is no crash
                     died, signal = death(path, last_alive, left)
                     last_alive = died or last_alive
                     mark_in_flight(left, path, metadata)  # a CUDA core dump's fault, where one was written
-                    if counted is not None and signal != "SIGTERM":  # stopped on purpose: nothing to page for
-                        counted.died([span for span in left if NAME in span.attributes], signal)
+                if counted is not None and signal != "SIGTERM":  # stopped on purpose: nothing to page for
+                    counted.ended(not assembler.exited, [span for span in left if NAME in span.attributes], signal)
                 for span in left:
                     queue(span, last_alive, always=True)
                     in_flight += 1

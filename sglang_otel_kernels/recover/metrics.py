@@ -10,7 +10,15 @@ flight has run, named, with `sglang.kernel.collective` saying whether it is
 a collective (a rank waiting there for another is a victim, not a hang);
 and, once the process died with a kernel call in flight,
 `sglang.kernel.in_flight_at_death` (1, that call named, with the fatal
-signal) until the sidecar ends. `watch` gauges `sglang.job.suspect`: 1 per
+signal) until the sidecar ends; once it died outside any kernel call (killed
+between kernels, as the OOM killer does), or ended right after a failure
+(SGLang's scheduler returns once its batch failed) or after an exception no
+code caught (a device error raised by a later synchronisation, after its
+kernel call returned),
+`sglang.process.crashed` (1, with why in `sglang.process.reason`: that
+exception's type, else the fatal signal, else `killed`, and its last kernel
+call, the failed one where one failed). A process stopped on purpose
+(SIGTERM) is gauged by neither. `watch` gauges `sglang.job.suspect`: 1 per
 suspect of a job's verdict while a rank of the job lives, with its
 `reason`. Every series carries the rank (`sglang.rank`), the host
 (`host.name`) and the job (`sglang.job`) where they are known; a series
@@ -39,12 +47,14 @@ from opentelemetry.sdk.resources import Resource
 
 from .._version import __version__
 from ..record import batches
-from ..schema import COLLECTIVE_OP, COPY_OF, FATAL_SIGNAL, HUNG, NAME, TRACER_NAME
+from ..schema import COLLECTIVE_OP, COPY_OF, EXCEPTION_SPAN, FATAL_SIGNAL, HUNG, NAME, TRACER_NAME
+from .batch_failures import failure_kind, is_failure
 from .ranks import rank_of_metadata
 from .reader import RecoveredSpan
 
 RANK, HOST, JOB = "sglang.rank", "host.name", "sglang.job"
 COLLECTIVE = "sglang.kernel.collective"  # whether the call is a collective (torch.distributed): its waiters are victims
+REASON = "sglang.process.reason"  # why a process crashed outside any kernel call
 
 
 def metric_exporter(traces_target: str, protocol: str, timeout_s: float) -> "MetricExporter | None":
@@ -134,6 +144,16 @@ class KernelMetrics:
                                                   "and whether it is a collective)")
         meter.create_observable_gauge("sglang.kernel.in_flight_at_death", callbacks=[self._death.observe],
                                       unit="{call}", description="1: the process died with this kernel call in flight")
+        self._crashed = _Retiring()
+        meter.create_observable_gauge("sglang.process.crashed", callbacks=[self._crashed.observe], unit="{process}",
+                                      description="1: the process died outside any kernel call, or ended after an "
+                                                  "exception no code caught (why: sglang.process.reason)")
+        # Of what ended so far: the type of the last failure's exception while no call has ended well
+        # since, of the last exception no code caught, the last call, the last failed one.
+        self._failure: "str | None" = None
+        self._raised: "str | None" = None
+        self._last_call: "str | None" = None
+        self._failed_call: "str | None" = None
         self._labels: dict = {}
         self._seen: set[tuple] = set()  # (labels, name) whose failure and NaN/Inf series exist
         self._pending: dict[tuple, int] = {}  # (name, failed, nonfinite) -> calls not added yet
@@ -150,16 +170,28 @@ class KernelMetrics:
             self._labels = labels
 
     def count(self, span: RecoveredSpan) -> None:
-        """One kernel call that ended (a file's span; copies and early exports are not calls)."""
+        """A span of the file that ended: a kernel call is counted (copies and
+        early exports are not calls); a failure (a call's, a batch's, an
+        exception no code caught) is kept to say why, should the process crash."""
         attributes = span.attributes
-        if NAME not in attributes or COPY_OF in attributes or HUNG in attributes or span.in_flight:
+        if COPY_OF in attributes or HUNG in attributes or span.in_flight:
             return
-        self.call(span.name, span.status_code == "ERROR", batches.output_flagged(attributes))
+        if NAME in attributes:
+            self.call(span.name, span.status_code == "ERROR", batches.output_flagged(attributes))
+        if is_failure(span):
+            self._failure = failure_kind(span)
+            if span.name == EXCEPTION_SPAN:
+                self._raised = self._failure
+            if NAME in attributes:
+                self._failed_call = span.name
 
     def call(self, name: str, failed: bool, nonfinite: bool) -> None:
         """One kernel call that ended, kept with the others like it until `flush`."""
         key = (name, failed, nonfinite)
         self._pending[key] = self._pending.get(key, 0) + 1
+        self._last_call = name
+        if not failed:  # the process went on after its last failure
+            self._failure = None
 
     def flush(self) -> None:
         """The calls kept since the last flush, into the counters: an add per
@@ -188,12 +220,29 @@ class KernelMetrics:
         self._in_flight.set({} if call is None else
                             {_key(self._call_labels(call)): round(max(now - call.start_time, 0) / 1e9, 3)})
 
-    def died(self, calls: "list[RecoveredSpan]", signal: str) -> None:
-        """The process died with `calls` in flight (`signal`: the fatal signal it recorded, "" for none)."""
+    def ended(self, died: bool, calls: "list[RecoveredSpan]", signal: str) -> None:
+        """The process is gone, not stopped on purpose: it `died` (no exit
+        recorded) with `calls` in flight and `signal` its fatal signal ("" for
+        none), or exited. A death in a kernel call is gauged with that call;
+        a death outside any, an exit right after a failure (nothing ended
+        well since: SGLang's scheduler returns once its batch failed), or an
+        exit after an exception no code caught, as a crash with why. A
+        process that made no kernel call and raised nothing pages for nothing."""
         self._in_flight.set({})
-        call = innermost_call(calls)
+        call = innermost_call(calls) if died else None
         if call is not None:
             self._death.set({_key({**self._call_labels(call), FATAL_SIGNAL: signal or "none"}): 1})
+            return
+        if died and (self._last_call is not None or self._raised):
+            reason = self._failure or signal or "killed"
+        elif self._failure or self._raised:  # it exited right after a failure, or after an exception no code caught
+            reason = self._failure or self._raised
+        else:
+            return
+        labels = {**self._labels, REASON: reason}
+        if self._failed_call or self._last_call:
+            labels[NAME] = self._failed_call or self._last_call
+        self._crashed.set({_key(labels): 1})
 
     def close(self) -> None:
         self.flush()
