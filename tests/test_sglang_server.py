@@ -278,14 +278,16 @@ def _jaeger_trace(jaeger: Jaeger, trace_id: int) -> "dict | None":
     return (found or {}).get("data", [None])[0] if found else None
 
 
-def test_poisoned_layer_then_sigkill_mid_request(sglang_python, models, tmp_path):
+def test_poisoned_layer_then_sigkill_mid_request(sglang_python, models, backends, tmp_path):
     """+inf in one layer's weight, served at level 5: the first NaN/Inf
     producer is that layer's call, with its module path and the request that
     hit it. Then the scheduler is SIGKILLed during a long request (the OOM
     killer's way): the report exits 1 and names the request being served and
     what was in flight (the kernel, or the batch when the kill lands between
-    kernels)."""
-    server = Server(sglang_python, tmp_path, models["poisoned"], 5)
+    kernels), and the scheduler's sidecar gauges one page for it."""
+    _, collector = backends
+    server = Server(sglang_python, tmp_path, models["poisoned"], 5, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                    OTEL_EXPORTER_OTLP_INSECURE="true")
     try:
         status, answer = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 2}, "rid": "nan-1"})
         assert status == 200, answer
@@ -333,6 +335,21 @@ def test_poisoned_layer_then_sigkill_mid_request(sglang_python, models, tmp_path
         assert first.startswith(f"rank 0 died in {in_flight[0]['name']} (running "), first
     else:  # between kernels: the batch is what was in flight
         assert "while its batch sglang.forward_batch served request long-1" in first, first
+
+    # One page (collector-config/prometheus-alerts.yaml), as the Collector serves the sidecar's gauges to
+    # Prometheus: KernelProcessDied's when the kill landed in a kernel, ProcessCrashed's ("killed") between.
+    def pages():
+        return [line for line in collector.samples("sglang_", "PROMETHEUS_PORT") if line.endswith(" 1")
+                and line.startswith(("sglang_kernel_in_flight_at_death{", "sglang_process_crashed{"))]
+
+    [page] = wait("the kill's page in the Collector's metrics", pages, timeout=60)
+    time.sleep(2)
+    assert pages() == [page]
+    if in_flight:
+        assert page.startswith("sglang_kernel_in_flight_at_death{"), page
+        assert f'sglang_kernel_name="{in_flight[0]["name"]}"' in page, page
+    else:
+        assert page.startswith("sglang_process_crashed{") and 'sglang_process_reason="killed"' in page, page
 
 
 def test_tp2_on_the_cpu_fails_to_start_and_the_report_says_where(sglang_python, models, tmp_path):
