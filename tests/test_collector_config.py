@@ -135,7 +135,8 @@ def test_the_alert_rules_use_the_metrics_the_collector_serves():
               for group in yaml.safe_load((CONFIG / name).read_text())["groups"]]
     rules = [rule for group in groups for rule in group["rules"]]
     served = {"sglang_kernel_in_flight_longest_seconds", "sglang_kernel_in_flight_at_death", "sglang_job_suspect",
-              "sglang_kernel_failures_total", "sglang_kernel_nonfinite_total", "sglang_kernel_calls_total"}
+              "sglang_kernel_failures_total", "sglang_kernel_nonfinite_total", "sglang_kernel_calls_total",
+              "sglang_process_crashed"}
     recorded = {rule["record"] for rule in rules if "record" in rule}
     names = set()
     for rule in rules:
