@@ -146,8 +146,9 @@ class KernelMetrics:
                                       unit="{call}", description="1: the process died with this kernel call in flight")
         self._crashed = _Retiring()
         meter.create_observable_gauge("sglang.process.crashed", callbacks=[self._crashed.observe], unit="{process}",
-                                      description="1: the process died outside any kernel call, or ended after an "
-                                                  "exception no code caught (why: sglang.process.reason)")
+                                      description="1: the process died outside any kernel call, or ended right "
+                                                  "after a failure or an exception no code caught (why: "
+                                                  "sglang.process.reason)")
         # Of what ended so far: the type of the last failure's exception while no call has ended well
         # since, of the last exception no code caught, the last call, the last failed one.
         self._failure: "str | None" = None
