@@ -6,9 +6,10 @@ A serving engine opens a batch span per forward pass: on SGLang's real server
 that is one per decode step, on its hot path. Through the SDK a span costs its
 sampler, id generator, attribute checks and processor chain, about 50 us here,
 to produce the two records `FileSpan` writes itself (the processor's own
-`write_start`, and an end holding what the end adds, as a kernel call's). Where the provider has anything else to feed (an
-exporter, an application's processors, another sampler, limits), spans go
-through the SDK as before (`file_only`).
+`write_start`, and an end holding what the end adds, as a kernel call's).
+Where the provider has anything else to feed (an exporter, an application's
+processors, another sampler, limits), spans go through the SDK as before
+(`file_only`).
 """
 
 from __future__ import annotations

@@ -174,8 +174,8 @@ def is_failure(span: RecoveredSpan) -> bool:
 def failure_kind(span: RecoveredSpan) -> str:
     """The type of the exception a failed span ended in (`IndexError`): its
     `exception` event's, else the head of its status description."""
-    exception = next((attrs for name, _, attrs in span.events if name == "exception"), {})
-    return str(exception.get("exception.type") or (span.status_description or "an error").split(":", 1)[0])[:256]
+    exception = exception_of(span)
+    return ((exception and exception["type"]) or (span.status_description or "an error").split(":", 1)[0])[:256]
 
 
 def uncaught(contents: TraceFileContents) -> list[dict[str, Any]]:

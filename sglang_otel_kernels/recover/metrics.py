@@ -241,8 +241,9 @@ class KernelMetrics:
         else:
             return
         labels = {**self._labels, REASON: reason}
-        if self._failed_call or self._last_call:
-            labels[NAME] = self._failed_call or self._last_call
+        named = self._failed_call or self._last_call
+        if named:
+            labels[NAME] = named
         self._crashed.set({_key(labels): 1})
 
     def close(self) -> None:
