@@ -127,8 +127,12 @@ def test_nan_from_finite_inputs_and_nothing_worse_exits_3(tmp_path):
     for options in ([], ["--json"], ["--html", str(tmp_path / "r.html")]):
         proc = cli("report", str(tmp_path / "t.sgltrace"), *options)
         assert proc.returncode == 3, proc.stderr
-    assert "First call that produced NaN/Inf from finite inputs:\n  sglang.custom_op.rmsnorm" in cli(
-        "report", str(tmp_path / "t.sgltrace")).stdout
+    text = cli("report", str(tmp_path / "t.sgltrace")).stdout
+    assert "First call that produced NaN/Inf from finite inputs:\n  sglang.custom_op.rmsnorm" in text
+    # What the on-call engineer reads first: the numerics, not "nothing found".
+    assert text.startswith("the first NaN/Inf from finite inputs came out of sglang.custom_op.rmsnorm"), text
+    page = (tmp_path / "r.html").read_text()
+    assert '<p class="verdict nonfinite">NaN/Inf: the first NaN/Inf from finite inputs came out of sglang.custom_op.rmsnorm' in page
     assert "3 a call made NaN/Inf from finite inputs" in cli("report", "--help").stdout
 
 

@@ -457,7 +457,10 @@ def test_the_report_names_the_requests_whose_rows_went_nan_not_their_batch_mates
         return proc.stdout
 
     line = "batch decode: NaN/Inf in the rows of r3 (1 of its 5 requests; 1 trace linked)"
-    assert line in report().split("First call that produced NaN/Inf from finite inputs:")[1]
+    text = report()
+    assert line in text.split("First call that produced NaN/Inf from finite inputs:")[1]
+    assert text.startswith("the first NaN/Inf from finite inputs came out of sglang.custom_op.rmsnorm, in the rows of "
+                           "request r3 ("), text
     requests = json.loads(report("--json"))["first_nonfinite_output"]["requests"]
     trace_of_r3 = members[3][0]["traceparent"].split("-")[1]
     assert requests["request_ids"] == ["r3"] and requests["request_traces"] == [trace_of_r3]

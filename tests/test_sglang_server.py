@@ -294,6 +294,9 @@ def test_poisoned_layer_then_sigkill_mid_request(sglang_python, models, backends
         [path] = server.trace_files()
         text = report(path)
         assert text.returncode == 3, text.stdout + text.stderr  # NaN/Inf, the process alive: no crash
+        # The headline names the layer and the request, as a crash's names its call.
+        assert text.stdout.startswith(f"the first NaN/Inf from finite inputs came out of {LINEAR}, module {POISONED}, "
+                                      "in the rows of request nan-1 (rank 0, "), text.stdout
         first = text.stdout.split("First call that produced NaN/Inf from finite inputs:\n", 1)[1].splitlines()
         assert first[0].strip().startswith(LINEAR) and first[1].strip() == f"module {POISONED}", first
         assert any("NaN/Inf in the rows of nan-1" in line for line in first), first

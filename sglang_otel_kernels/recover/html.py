@@ -20,8 +20,8 @@ from ..schema import COLLECTIVE_OP
 from .batch_failures import at_death_words, failure_sentence, uncaught_sentence
 from .ranks import ending_text
 from .reader import RecoveredSpan, TraceFileContents
-from .report import (batch_lines, build_report, call_lines, call_summary, fault_lines, is_kernel, produced_nonfinite,
-                     render_text, uncaught_in)
+from .report import (batch_lines, build_report, call_lines, call_summary, fault_lines, is_kernel, nonfinite_sentence,
+                     produced_nonfinite, render_text, uncaught_in)
 
 MAX_CALLS_PER_TRACK = 200  # the newest calls of each thread: what happened just before the end
 
@@ -30,7 +30,7 @@ body{font:14px system-ui,sans-serif;margin:16px;color:#222;overflow-wrap:anywher
 h1{font-size:20px}h2{font-size:16px;margin-top:24px}
 .verdict{padding:8px 12px;border-radius:4px;font-weight:600}
 .verdict.crashed{background:#fdd;color:#900}.verdict.failed{background:#ffe6cc;color:#840}
-.verdict.clean{background:#dfd;color:#060}.verdict.waiting{background:#fff3c4;color:#735c00}
+.verdict.clean{background:#dfd;color:#060}.verdict.nonfinite{background:#f0e2f6;color:#5b2c6f}.verdict.waiting{background:#fff3c4;color:#735c00}
 .track{margin:6px 0}.track-name{font-size:12px;color:#555}
 svg{width:100%;height:28px;background:#f6f6f6;border-radius:3px;display:block}
 rect.call{fill:#7aa6d8}rect.call.failed{fill:#e8912d}rect.call.nonfinite{fill:#9b59b6}
@@ -182,6 +182,8 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
     elif any(job.get("waiting_for") for job in report.get("cross_rank_jobs") or ()):
         # Not a hang yet, never "no crash": who everyone waits for, and since when.
         verdict = ("waiting", next(job["verdict"] for job in report["cross_rank_jobs"] if job.get("waiting_for")))
+    elif report["first_nonfinite_output"]:
+        verdict = ("nonfinite", "NaN/Inf: " + nonfinite_sentence(report["first_nonfinite_output"]))
     else:
         verdict = ("clean", "no crash, no failure")
     calls: list[str] = []

@@ -403,6 +403,18 @@ def fault_lines(fault: dict[str, Any]) -> list[str]:
     return lines
 
 
+def nonfinite_sentence(call: dict[str, Any]) -> str:
+    """`the first NaN/Inf from finite inputs came out of <call>, module m, in the rows of request nan-1 (rank 0, ...)`:
+    the headline of a report whose worst finding is numerics (exit status 3)."""
+    parts = [f"the first NaN/Inf from finite inputs came out of {call['name']}"]
+    parts += [f"{label} {call[key]}" for label, key in (("module", "module"), ("op", "op_class")) if call.get(key)]
+    requests = call.get("requests") or {}
+    if ids := requests.get("request_ids"):
+        parts.append(f"in the rows of {requests_text(ids)}" if requests.get("nonfinite_rows") else
+                     f"in a batch serving {requests_text(ids)}")
+    return ", ".join(parts) + f" ({process_text(call)})"
+
+
 def render_text(report: dict[str, Any]) -> str:
     out: list[str] = []
     verdicts = report.get("cross_rank_jobs") or ()
@@ -416,6 +428,8 @@ def render_text(report: dict[str, Any]) -> str:
             out.append("the " + failure_sentence(report["failed_batches"][0]))
         elif not report["in_flight"] and (errors := uncaught_in(report)):
             out.append(uncaught_sentence(errors[-1]))
+        elif report["first_nonfinite_output"] and not report["crashed"] and not report["failed"]:
+            out.append(nonfinite_sentence(report["first_nonfinite_output"]))
         if out:
             out.append("")
     for verdict in verdicts:  # the sentence that says it comes first
