@@ -326,7 +326,8 @@ def _follow(options) -> int:
         watch = parent_watch(options.pid) if options.pid is not None else None
         sent, in_flight, dropped = follow(options.file, exporter, alive=watch,
                                           interval=options.interval, wait_s=options.wait,
-                                          kernels_only=options.kernels_only, hang_seconds=options.hang_seconds,
+                                          kernels_only=options.kernels_only, ending_only=options.ending_only,
+                                          hang_seconds=options.hang_seconds,
                                           delivered_to=target,
                                           metrics=metric_exporter(target, options.protocol or otlp_protocol(),
                                                                   options.timeout))
@@ -560,9 +561,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc")
     follow.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the back end (default 10)")
     follow.add_argument("--interval", type=float, default=0.2, help="seconds between polls of the file (default 0.2)")
-    follow.add_argument("--kernels-only", action="store_true",
-                        help="export only kernel spans that ended (the application exports its own), "
-                             "and every span in flight when the process ends")
+    reading = follow.add_mutually_exclusive_group()
+    reading.add_argument("--kernels-only", action="store_true",
+                         help="export only kernel spans that ended (the application exports its own), "
+                              "and every span in flight when the process ends")
+    reading.add_argument("--ending-only", action="store_true",
+                         help="read nothing while the process lives (the application exports every span it ends, "
+                              "kernel calls included): once it ends, export the spans in flight then and gauge how "
+                              "it ended (a crash pages)")
     follow.add_argument("--wait", type=float, default=60.0,
                         help="seconds to wait for the file to appear (default 60)")
     follow.add_argument("--hang-seconds", type=float, default=_default_hang_seconds(), metavar="S",

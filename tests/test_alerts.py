@@ -275,7 +275,16 @@ def test_a_first_failure_and_a_first_nan_open_tickets_and_a_slow_healthy_kernel_
 
 
 CRASHES = """
-import os, sys, time, torch, sglang_otel_kernels as sok
+import os, sys, time, torch
+if sys.argv[1] == "kill-own":  # the application's own provider, exporting every span itself (SGLang's --enable-trace)
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+import sglang_otel_kernels as sok
 
 @sok.debug_kernel_api(op_name="layer.last")
 def last(x):
@@ -294,11 +303,13 @@ time.sleep(600)  # killed here, between kernels (the OOM killer's way)
 
 def test_a_crash_outside_any_kernel_call_pages_once_with_why(stack, tmp_path):
     """A process that ends after an exception no code caught, and one killed
-    between kernel calls: each pages ProcessCrashed, saying why and naming
-    its last kernel call, and nothing else fires for them."""
+    between kernel calls, also where the application's own provider exports
+    its kernel spans (only how it ended is read, by `follow --ending-only`):
+    each pages ProcessCrashed, saying why and naming its last kernel call,
+    and nothing else fires for them."""
     prometheus = stack["prometheus"]
     workers = {}
-    for how in ("raise", "kill"):
+    for how in ("raise", "kill", "kill-own"):
         (tmp_path / how).mkdir()
         workers[how] = subprocess.Popen(
             [sys.executable, "-c", CRASHES, how], cwd=tmp_path / how, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -312,8 +323,9 @@ def test_a_crash_outside_any_kernel_call_pages_once_with_why(stack, tmp_path):
             assert worker.stdout.readline() == "ready\n", worker.stderr.read()
         workers["raise"].wait(timeout=60)
         assert "device-side assert" in workers["raise"].stderr.read()
-        workers["kill"].kill()  # asleep, between kernel calls
-        workers["kill"].wait(timeout=30)
+        for how in ("kill", "kill-own"):
+            workers[how].kill()  # asleep, between kernel calls
+            workers[how].wait(timeout=30)
         seen = []
 
         def pages():
@@ -322,11 +334,12 @@ def test_a_crash_outside_any_kernel_call_pages_once_with_why(stack, tmp_path):
             firing = {(a["labels"]["job"], a["labels"]["alertname"], a["labels"]["severity"],
                        a["labels"]["sglang_process_reason"], a["labels"]["sglang_kernel_name"])
                       for a in alerts if a["state"] == "firing"}
-            return firing if len(firing) == 2 else None
+            return firing if len(firing) == 3 else None
 
-        assert wait("the two crash pages", pages, timeout=90) == {
+        assert wait("the three crash pages", pages, timeout=90) == {
             ("alerts-raise", "ProcessCrashed", "page", "RuntimeError", "layer.last"),
-            ("alerts-kill", "ProcessCrashed", "page", "killed", "layer.last")}
+            ("alerts-kill", "ProcessCrashed", "page", "killed", "layer.last"),
+            ("alerts-kill-own", "ProcessCrashed", "page", "killed", "layer.last")}
         for alert in [a for how in workers for a in _of(prometheus, f"alerts-{how}")]:
             assert alert["labels"]["host_name"] == socket.gethostname()
             assert alert["annotations"]["runbook_url"] == "docs/runbook.md#processcrashed"

@@ -331,6 +331,46 @@ def test_an_application_provider_gets_kernel_spans_or_leaves_them_to_the_sidecar
         assert "replayed 0 spans" in again.stdout and "left out 6 spans" in again.stdout, again.stdout
 
 
+def test_an_application_provider_that_exports_its_kernel_spans_leaves_the_sidecar_only_what_its_death_left(
+        tmp_path, receiver):
+    """The application's provider exports every span it ends, kernel calls
+    included (SGLANG_KERNEL_API_EXPORT_SIDECAR=1, the default): a sidecar
+    reads the file once the process has ended (`follow --ending-only`) and
+    sends what the application never could, the call it died in and the
+    request span around it, and nothing the application sent."""
+    application = GrpcReceiver()
+    env = clean_env()
+    env.update(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off",
+               SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
+               OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
+    program = APP_WITH_PROVIDER.replace("provider.shutdown()", "").replace(
+        "        step(torch.ones(2))\n",
+        "        step(torch.ones(2))\n"
+        "    provider.force_flush()  # what the application exported before it died\n"
+        "    import os, signal\n"
+        "    sok.debug_kernel_api(op_name='sglang.custom_op.die')(lambda x: os.kill(os.getpid(), signal.SIGKILL))(x)\n")
+    program = program.replace("with trace.get_tracer", "x = torch.ones(2)\nwith trace.get_tracer")
+    try:
+        proc = subprocess.run([sys.executable, "-c", program, application.endpoint], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == -9, proc.stderr
+        by_sidecar = receiver.wait_for(lambda got: len(got) >= 2)
+        own = application.wait_for(lambda got: len(got) >= 5)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _followers(tmp_path):
+            time.sleep(0.1)
+        assert _followers(tmp_path) == []
+        time.sleep(0.5)
+    finally:
+        application.stop()
+    assert sorted(s["name"] for s in own) == ["sglang.custom_op.step"] * 5
+    assert sorted(s["name"] for s in receiver.spans) == ["request", "sglang.custom_op.die"]
+    [died] = [s for s in by_sidecar if s["name"] == "sglang.custom_op.die"]
+    [request] = [s for s in by_sidecar if s["name"] == "request"]
+    assert died["attributes"][K + "in_flight"] is True and died["status"] == 2
+    assert died["parent_span_id"] == request["span_id"] == own[0]["parent_span_id"]
+
+
 def test_batch_spans_on_an_application_provider_carry_the_process_as_kernel_spans_do(tmp_path):
     """SGLang's --enable-trace provider names no process in its resource: the
     batch span and the kernel calls this package makes through it carry this

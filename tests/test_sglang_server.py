@@ -179,7 +179,9 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
                                                                                tmp_path):
     """The most common crash: a token id outside the vocabulary. SGLang's
     scheduler raises IndexError in its embedding lookup, SIGQUITs its parent
-    and exits; the launcher kills the rest. The report names the batch, the
+    and exits; the launcher kills the rest. It pages once (ProcessCrashed),
+    with SGLang's --enable-trace and no setting of this package's. The
+    report names the batch, the
     request and the op, exits 1, and says how the scheduler ended; Jaeger has
     SGLang's request spans and the kernel calls in each request's trace, and
     the request that killed the server has error spans saying IndexError and
@@ -203,6 +205,17 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
         assert "IndexError" in server.text()
     finally:
         server.close()
+
+    # One page: with SGLang's provider exporting the kernel spans, the scheduler's sidecar read its file once
+    # it had ended (`follow --ending-only`), and the Collector serves the gauge to Prometheus: ProcessCrashed's.
+    def pages():
+        return [line for line in collector.samples("sglang_", "PROMETHEUS_PORT") if line.endswith(" 1")
+                and line.startswith(("sglang_kernel_in_flight_at_death{", "sglang_process_crashed{"))]
+
+    [page] = wait("the crash's page in the Collector's metrics", pages, timeout=60)
+    assert 'sglang_process_reason="IndexError"' in page and f'sglang_kernel_name="{EMBEDDING}"' in page, page
+    assert not [line for line in collector.samples("sglang_", "PROMETHEUS_PORT")
+                if line.startswith("sglang_kernel_calls_total")]  # nothing counted: the calls went out in-process
     # The scheduler's file, and with SGLang's tracing on the launcher's (its request spans).
     path = os.path.join(str(tmp_path), f"trace_{scheduler}.sgltrace")
     assert path in server.trace_files()

@@ -348,10 +348,12 @@ def _start_sidecar(trace_path: str, hang_seconds: float) -> None:
     if export.otlp_endpoint() is None:
         return  # nothing to export to
     command = ["follow", trace_path, "--pid", str(os.getpid()), "--hang-seconds", repr(hang_seconds)]
+    following = True
     if trace.get_tracer_provider() not in _own_providers:
-        if not sidecar_takes_kernel_spans(trace.get_tracer_provider()):
-            return  # the application's own provider exports in its process
-        command.append("--kernels-only")  # the application exports its own spans
+        following = sidecar_takes_kernel_spans(trace.get_tracer_provider())
+        # The application exports its own spans; with its kernel spans too, from its process, the sidecar
+        # reads the file only once the process has ended: what its exporter never had, and how it ended.
+        command.append("--kernels-only" if following else "--ending-only")
     # Not `-m sglang_otel_kernels`: that searches the working directory
     # first, where another `sglang_otel_kernels/` would run instead. The
     # sidecar imports this very package, from where it was loaded.
@@ -363,7 +365,8 @@ def _start_sidecar(trace_path: str, hang_seconds: float) -> None:
             [sys.executable, "-c", code, *command],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
         )
-        _sidecars.add(trace_path)
+        if following:  # kernel spans are its to export
+            _sidecars.add(trace_path)
     except OSError as exc:
         warn(f"cannot start the export sidecar ({exc}); spans stay in the trace file "
              "(sglang-otel-kernels replay sends them later)")

@@ -310,7 +310,7 @@ class _Sender:
 def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | None = None,
            interval: float = 0.2, wait_s: float = 60.0, kernels_only: bool = False,
            hang_seconds: float = 0.0, delivered_to: str | None = None,
-           metrics: "MetricExporter | None" = None) -> tuple[int, int, int]:
+           metrics: "MetricExporter | None" = None, ending_only: bool = False) -> tuple[int, int, int]:
     """Exports the spans of the file at `path` as they end until `alive()`
     (default: the file's writer holds its lock) turns false, then those still
     in flight (status ERROR, in flight, ending at the process's last sign of
@@ -327,7 +327,13 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
     it, still go. With `delivered_to` (the exporter's endpoint), what the
     back end took is listed beside the file (`FILE.delivered`), so that a
     later `replay` there sends only the rest. With `metrics`, the process's
-    kernel calls are counted for alerts (recover/metrics.py)."""
+    kernel calls are counted for alerts (recover/metrics.py). With
+    `ending_only` (an application whose own provider exports every span it
+    ended, kernel calls included, from its process) nothing is read while
+    the process lives: once it has ended, the file is read once and only
+    what its exporter never had goes, the spans in flight at its end, with
+    the gauges of how it ended: a crash pages, and while the process runs the
+    follower only looks whether it still does, every `interval`."""
     alive = alive or writer_watch(path)
     deadline = time.monotonic() + wait_s
     while not os.path.exists(path):  # the writer creates it on its first record
@@ -341,7 +347,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
     resource = FileResource(resource_attributes(metadata))
     assembler = Assembler()
     requests = RequestTraces(assembler.parent_of, assembler.linking_to)
-    counted = None if metrics is None else KernelMetrics(metrics, resource)
+    counted = None if metrics is None else KernelMetrics(metrics, resource, counting=not ending_only)
     if counted is not None:
         counted.labels = labels_of(metadata)
     sampler = ExportSampler()
@@ -356,7 +362,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
 
     # Plain kernel calls go straight to OTLP's wire form, where the exporter takes it.
     wire = (KernelWire(assembler, resource, sampler, outbox.queue, counted)
-            if getattr(exporter, "takes_encoded", False) else None)
+            if getattr(exporter, "takes_encoded", False) and not ending_only else None)
 
     def queue(span: RecoveredSpan, now: int, always: bool = False) -> None:
         """A span of the file (or a hung call's early export) and its copies,
@@ -380,7 +386,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 seen_alive = asked
             sender.running = running
             sender.retry()
-            records = follower.poll()
+            records = [] if running and ending_only else follower.poll()
             for record in records:  # once per record: what it needs is bound to locals
                 if record[0] == mode:
                     kernels_only = kernels_only or record[1] == fmt.MODE_KERNELS_ONLY
@@ -394,7 +400,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                     recovered = assembler.span(*pair)
                     if counted is not None:
                         counted.count(recovered)
-                    if kernels_only and NAME not in recovered.attributes:
+                    if ending_only or (kernels_only and NAME not in recovered.attributes):
                         outbox.leave(recovered.span_id)
                         continue
                     queue(recovered, assembler.last_time)
@@ -407,12 +413,12 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                     if counted is not None:
                         counted.labels = labels_of(metadata)
             in_flight = 0
-            if counted is not None and running:
+            if counted is not None and running and not ending_only:
                 counted.flush()
                 now = time.time_ns()
                 counted.in_flight([assembler.span(start, None) for start in assembler.kernel_calls_started_before(now)],
                                   now)
-            if running and hang_ns:
+            if running and hang_ns and not ending_only:
                 now = time.time_ns()
                 for span in _still_running(assembler, hung, now, hang_ns):
                     queue(span, now, always=True)

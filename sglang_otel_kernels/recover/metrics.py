@@ -128,9 +128,13 @@ def innermost_call(calls: "list[RecoveredSpan]") -> "RecoveredSpan | None":
 
 
 class KernelMetrics:
-    """The sidecar's metrics of one process."""
+    """The sidecar's metrics of one process. Without `counting` (a sidecar
+    that reads the file once the process has ended, `follow --ending-only`)
+    only how it ended is gauged: counters of the calls a ring still held
+    would count some of its calls, once."""
 
-    def __init__(self, exporter: MetricExporter, resource: Resource) -> None:
+    def __init__(self, exporter: MetricExporter, resource: Resource, counting: bool = True) -> None:
+        self._counting = counting
         self.provider = _provider(exporter, resource)
         meter = self.provider.get_meter(TRACER_NAME, __version__)
         self._calls = meter.create_counter("sglang.kernel.calls", unit="{call}", description="kernel calls that ended")
@@ -188,8 +192,9 @@ class KernelMetrics:
 
     def call(self, name: str, failed: bool, nonfinite: bool) -> None:
         """One kernel call that ended, kept with the others like it until `flush`."""
-        key = (name, failed, nonfinite)
-        self._pending[key] = self._pending.get(key, 0) + 1
+        if self._counting:
+            key = (name, failed, nonfinite)
+            self._pending[key] = self._pending.get(key, 0) + 1
         self._last_call = name
         if not failed:  # the process went on after its last failure
             self._failure = None
