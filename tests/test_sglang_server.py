@@ -368,6 +368,56 @@ def test_poisoned_layer_then_sigkill_mid_request(sglang_python, models, backends
         assert page.startswith("sglang_process_crashed{") and 'sglang_process_reason="killed"' in page, page
 
 
+def test_sigkill_mid_request_with_sglangs_own_tracing_reaches_jaeger_and_pages(sglang_python, models, backends,
+                                                                               tmp_path):
+    """SGLang's --enable-trace and nothing of this package's but the level:
+    SGLang's provider exports the spans, the kernel calls' included, and the
+    scheduler's sidecar reads its file only once it has ended (`follow
+    --ending-only`). SIGKILL mid-request: the request's trace in Jaeger gets
+    what was in flight, the batch (and the kernel call, when the kill landed
+    in one), and one page."""
+    jaeger, collector = backends
+    server = Server(sglang_python, tmp_path, models["dummy"], 1, "--enable-trace", "--otlp-traces-endpoint",
+                    collector.address, dummy=True, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                    OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_BSP_SCHEDULE_DELAY="200")
+    trace_id = 0x0CF7651916CD43DD8448EB211C80319E
+    try:
+        long = threading.Thread(target=lambda: server.generate(
+            {"text": "hello", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}, "rid": "long-1"},
+            {"traceparent": f"00-{trace_id:032x}-d7ad6b7169203331-01"}, timeout=300))
+        long.start()
+        scheduler = server.pids()["sglang::scheduler"]
+        path = os.path.join(str(tmp_path), f"trace_{scheduler}.sgltrace")
+        wait("decode steps of long-1", lambda: os.path.exists(path) and sum(
+            1 for s in spans_of(path) if s.name == "sglang.forward_batch") >= 5, timeout=120)
+        os.kill(scheduler, signal.SIGKILL)
+        server.wait_gone(scheduler)
+        long.join(timeout=300)
+    finally:
+        server.close()
+    in_flight = json.loads(report("--json", path).stdout)["in_flight"]
+
+    def pages():
+        return [line for line in collector.samples("sglang_", "PROMETHEUS_PORT") if line.endswith(" 1")
+                and line.startswith(("sglang_kernel_in_flight_at_death{", "sglang_process_crashed{"))]
+
+    [page] = wait("the kill's page in the Collector's metrics", pages, timeout=60)
+    if in_flight:
+        assert page.startswith("sglang_kernel_in_flight_at_death{"), page
+        assert f'sglang_kernel_name="{in_flight[0]["name"]}"' in page, page
+    else:
+        assert page.startswith("sglang_process_crashed{") and 'sglang_process_reason="killed"' in page, page
+
+    def cut_short():
+        spans = (_jaeger_trace(jaeger, trace_id) or {}).get("spans", [])
+        return {span["operationName"] for span in spans
+                if any(tag["key"] == "sglang.kernel.in_flight" and tag["value"] is True for tag in span["tags"])}
+
+    names = wait("the spans in flight at the kill, in the request's trace", cut_short, timeout=120)
+    assert "sglang.forward_batch" in names, names
+    assert not in_flight or in_flight[-1]["name"] in names, (names, in_flight)
+
+
 def test_tp2_on_the_cpu_fails_to_start_and_the_report_says_where(sglang_python, models, tmp_path):
     """`--tp 2` does not run on the CPU in SGLang 0.5.23: each rank's
     Scheduler(...) fails in PyNcclCommunicator. Both rank files are
