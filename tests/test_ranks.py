@@ -567,11 +567,11 @@ def test_watch_says_soon_when_nothing_it_follows_is_live_and_then_follows_a_new_
     watcher = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "watch", str(tmp_path), "--interval", "30"],
                                env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        began = time.monotonic()
         assert watcher.stdout.readline().startswith(f"watching {tmp_path}: the verdict every 30 s")
+        began = time.monotonic()  # from its first line: its interpreter's start, slow in a loaded CI, is not its wait
         line = watcher.stdout.readline()
         assert line.startswith(f"no trace file in {tmp_path} yet (*.sgltrace); still watching for new ones"), line
-        assert time.monotonic() - began < 10 + 5  # (5: the interpreter's start and imports on a loaded machine)
+        assert time.monotonic() - began < 10 + 5  # (5: a loaded machine)
         job = jobs(tmp_path, "healthy", world=2)
         line = watcher.stdout.readline()  # followed at once, not 30 s later: the job's first verdict
         assert re.match(r"\d\d:\d\d:\d\d\.\d{6} job tcp://127\.0\.0\.1:\d+: no suspect", line), line
