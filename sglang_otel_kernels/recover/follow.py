@@ -379,6 +379,12 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
 
     add, take, queued, mode = assembler.add, None if wire is None else wire.take, outbox.spans, fmt.MODE
     try:
+        while ending_only:  # its exporter has every span it ends: the file is read once it has ended
+            asked = time.time_ns()
+            if not alive():
+                break
+            seen_alive = asked
+            time.sleep(interval)
         while True:
             asked, began = time.time_ns(), time.monotonic()
             running = alive()  # asked before the poll, so that the last poll sees the last records
@@ -386,7 +392,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 seen_alive = asked
             sender.running = running
             sender.retry()
-            records = [] if running and ending_only else follower.poll()
+            records = follower.poll()
             for record in records:  # once per record: what it needs is bound to locals
                 if record[0] == mode:
                     kernels_only = kernels_only or record[1] == fmt.MODE_KERNELS_ONLY
@@ -413,12 +419,12 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                     if counted is not None:
                         counted.labels = labels_of(metadata)
             in_flight = 0
-            if counted is not None and running and not ending_only:
+            if counted is not None and running:
                 counted.flush()
                 now = time.time_ns()
                 counted.in_flight([assembler.span(start, None) for start in assembler.kernel_calls_started_before(now)],
                                   now)
-            if running and hang_ns and not ending_only:
+            if running and hang_ns:
                 now = time.time_ns()
                 for span in _still_running(assembler, hung, now, hang_ns):
                     queue(span, now, always=True)

@@ -317,11 +317,16 @@ def process_text(call: dict[str, Any]) -> str:
     return rank + where_written(call.get("pid"), call.get("file"))
 
 
+def layer_text(call: dict[str, Any]) -> str:
+    """`module model.layers.1.mlp.down_proj, op RMSNorm`: which layer and op a call was, where known."""
+    return ", ".join(f"{label} {call[key]}" for label, key in (("module", "module"), ("op", "op_class"))
+                     if call.get(key))
+
+
 def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
     seq = f", seq {call['seq']}" if call["seq"] is not None else ""
     lines = [f"{indent}{call['name']}  ({process_text(call)}; thread {call['thread']}, started {call['start']}{seq})"]
-    layer = ", ".join(f"{label} {call[key]}" for label, key in (("module", "module"), ("op", "op_class"))
-                      if call.get(key))
+    layer = layer_text(call)
     if layer:
         lines.append(f"{indent}  {layer}")
     if call.get("seconds") is not None:
@@ -406,13 +411,12 @@ def fault_lines(fault: dict[str, Any]) -> list[str]:
 def nonfinite_sentence(call: dict[str, Any]) -> str:
     """`the first NaN/Inf from finite inputs came out of <call>, module m, in the rows of request nan-1 (rank 0, ...)`:
     the headline of a report whose worst finding is numerics (exit status 3)."""
-    parts = [f"the first NaN/Inf from finite inputs came out of {call['name']}"]
-    parts += [f"{label} {call[key]}" for label, key in (("module", "module"), ("op", "op_class")) if call.get(key)]
+    parts = [f"the first NaN/Inf from finite inputs came out of {call['name']}", layer_text(call)]
     requests = call.get("requests") or {}
     if ids := requests.get("request_ids"):
         parts.append(f"in the rows of {requests_text(ids)}" if requests.get("nonfinite_rows") else
                      f"in a batch serving {requests_text(ids)}")
-    return ", ".join(parts) + f" ({process_text(call)})"
+    return ", ".join(filter(None, parts)) + f" ({process_text(call)})"
 
 
 def render_text(report: dict[str, Any]) -> str:
