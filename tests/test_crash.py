@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -106,6 +107,64 @@ def test_killed_from_outside_at_a_random_moment(tmp_path, mode):
     if mode != "ext-sigint":  # KeyboardInterrupt ends the call it interrupts
         # The kernels sleep most of the time: most kills land inside one.
         assert caught_in_flight >= TRIALS // 2
+
+
+SIGTERM_STORM = """
+import random, signal, sys, time, torch
+import sglang_otel_kernels as sok
+from opentelemetry import trace
+
+stops = 0
+
+
+def stop(signum, frame):  # the application's own handler, set first: SIGTERM does not end this process
+    global stops
+    stops += 1
+
+
+signal.signal(signal.SIGTERM, stop)
+sok.configure(level=3, log_dest="off", trace_file="t.sgltrace")
+kernel = sok.debug_kernel_api(op_name="sglang.custom_op.kernel")(
+    lambda x: (time.sleep(random.uniform(0, 2e-4)), x + 1)[1])
+tracer = trace.get_tracer("app")
+print("ready", flush=True)
+try:
+    while True:
+        with tracer.start_as_current_span("Req"):
+            for _ in range(4):
+                kernel(torch.ones(2, 3))
+except KeyboardInterrupt:
+    print(stops, flush=True)
+"""
+
+
+def test_sigterm_at_thousands_of_moments_never_crashes_the_process(tmp_path):
+    """What SIGTERM leaves beside the trace file is written in the signal
+    handler, whatever the process was doing. faulthandler's dump of Python's
+    stacks there crashed now and then on CPython 3.13.0 (gh-123967): a stop
+    ended as a SIGSEGV, read as a crash, and paged. A process whose own
+    handler keeps it running takes thousands of SIGTERMs: it must survive
+    every one, and its files must hold no crash."""
+    process = subprocess.Popen([sys.executable, "-c", SIGTERM_STORM], cwd=tmp_path, env=run_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready", process.stderr.read()
+        for _ in range(3000):
+            os.kill(process.pid, signal.SIGTERM)
+            time.sleep(3e-4)
+        assert process.poll() is None, f"ended {process.returncode} during the SIGTERMs"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 0, err
+    assert int(out) > 0  # the application's handler still ran
+    dump = (tmp_path / "t.sgltrace.traceback").read_text()
+    assert "Stopped by SIGTERM" in dump if sok.NATIVE else "most recent call first" in dump
+    assert "Fatal Python error" not in dump
+    contents = sok.read_trace_file(tmp_path / "t.sgltrace")
+    assert contents.problems == [] and any(span.name == KERNEL for span in contents.spans)
 
 
 def test_faulthandler_writes_where_python_was(tmp_path):

@@ -29,7 +29,7 @@ from .. import config as _config
 from .. import files
 from .._version import __version__
 from ..notices import warn, warn_failed_once
-from . import export, identity, processor, silence, tracefile
+from . import core, export, identity, processor, silence, tracefile
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _attached: "weakref.WeakSet" = weakref.WeakSet()
@@ -40,7 +40,7 @@ _recorders: "weakref.WeakSet" = weakref.WeakSet()
 _sidecars: set = set()  # the trace files a sidecar of this process follows
 _faulthandler_file = None
 _faulthandler_theirs = False  # the application had enabled faulthandler before our first file: it keeps it
-_sigterm_before = None  # Python's SIGTERM handler when ours was registered (None: not registered)
+_sigterm_before = None  # Python's SIGTERM handler when faulthandler took SIGTERM (the pure-Python path; None: not)
 _writer_settings: "tuple | None" = None  # those of the current writer (follow_trace_file)
 
 
@@ -375,12 +375,17 @@ def _start_sidecar(trace_path: str, hang_seconds: float) -> None:
 def _enable_faulthandler(trace_path: str) -> None:
     """Python's traceback on SIGSEGV/SIGBUS/SIGABRT/SIGFPE/SIGILL, beside the
     trace file (an application that enabled faulthandler itself keeps it),
-    and on SIGTERM, so that a process stopped on purpose (systemd, a
-    launcher stopping its children) reads as stopped, not dead: faulthandler
-    writes its threads' stacks with no "Fatal Python error" line, then
-    SIGTERM does what it did before (ends the process, or runs the
-    application's handler). An application that sets a SIGTERM handler of
-    its own later replaces this one, and handles its stop itself."""
+    and a word on SIGTERM, so that a process stopped on purpose (systemd, a
+    launcher stopping its children) reads as stopped, not dead: text with no
+    "Fatal Python error" line, then SIGTERM does what it did before (ends the
+    process, or runs the application's handler). The compiled core writes
+    one line (`mark_sigterm`: dumping stacks in a signal handler can crash
+    the stop into a SIGSEGV); the pure-Python path has only faulthandler,
+    told to write the interrupted thread's stack alone (other threads'
+    frames change under the dump: all of them crashed a test process now
+    and then; on CPython 3.12 before 3.12.8 and 3.13.0 even that one can).
+    An application that sets a SIGTERM handler of its own later replaces
+    this one, and handles its stop itself."""
     global _faulthandler_file, _faulthandler_theirs, _sigterm_before
     if _faulthandler_file is None:
         _faulthandler_theirs = faulthandler.is_enabled()
@@ -393,9 +398,11 @@ def _enable_faulthandler(trace_path: str) -> None:
         new_file = os.fdopen(fd, "w")
         if not _faulthandler_theirs:
             faulthandler.enable(file=new_file, all_threads=True)
-        if hasattr(faulthandler, "register"):
+        if core.native is not None:
+            core.native.mark_sigterm(new_file.fileno())
+        elif hasattr(faulthandler, "register"):
             before = signal.getsignal(signal.SIGTERM)
-            faulthandler.register(signal.SIGTERM, file=new_file, all_threads=True, chain=True)
+            faulthandler.register(signal.SIGTERM, file=new_file, all_threads=False, chain=True)
             _sigterm_before = before
     except (OSError, ValueError, RuntimeError) as exc:
         warn(f"cannot enable faulthandler ({exc})")
@@ -440,7 +447,9 @@ def _after_fork_in_child() -> None:
     # traceback file: the child gets back the handler from before ours (it
     # registers its own with its own file), unless the application set one
     # since, which replaced ours already.
-    if _sigterm_before is not None and signal.getsignal(signal.SIGTERM) is _sigterm_before:
+    if core.native is not None:
+        core.native.mark_sigterm(-1)
+    elif _sigterm_before is not None and signal.getsignal(signal.SIGTERM) is _sigterm_before:
         faulthandler.unregister(signal.SIGTERM)
     _sigterm_before = None
 

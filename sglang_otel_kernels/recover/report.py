@@ -522,7 +522,10 @@ def render_text(report: dict[str, Any]) -> str:
             where = f"  ({process_text(call)})" if several else ""
             out.append(f"  {call['start']}  {call['name']}  {call['duration_us']} us  {call['state']}{where}")
     for path, text in report["tracebacks"].items():
-        out += ["", f"Python traceback ({os.path.basename(path)}.traceback, the crashed thread first):"]
+        name = f"{os.path.basename(path)}.traceback"
+        # The compiled core's SIGTERM writes one line, no stacks.
+        out += ["", f"Python traceback ({name}, the crashed thread first):" if "most recent call first" in text
+                else f"{name}:"]
         out.extend(("  " + line).rstrip() for line in tidy_stacks(text))
     if report["summary"]:
         out += ["", f"{'kernel':50s} {'calls':>7s} {'errors':>7s} {'running':>8s} {'total us':>11s}"]
