@@ -2,7 +2,8 @@
 exception no code caught (a device error raised at a synchronisation after
 the call whose kernel caused it; a thread's), stopped
 with SIGTERM (recorded, then SIGTERM does what it did before: the default
-ends the process, an application's handler still runs, a forked worker
+ends the process, an application's handler still runs, an ignored one
+stays ignored, a forked worker
 stopped by its parent leaves the parent's file alone), told to stop (an
 engine's shutdown request: stopped, whether it then exits or is killed), a batch that raised
 outside every recorded call (a failure: its requests and innermost frames),
@@ -26,6 +27,8 @@ if mode == "device error":  # an application's own hook, set before the recorder
     sys.excepthook = lambda *exc: (print("application hook ran", flush=True), sys.__excepthook__(*exc))
 if mode == "handler":
     signal.signal(signal.SIGTERM, lambda *_: (print("application handler ran", flush=True), sys.exit(3)))
+if mode == "ignores":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 import torch
 import sglang_otel_kernels as sok
 from sglang_otel_kernels.capture.requests import forward_batch
@@ -122,6 +125,18 @@ def test_an_applications_sigterm_handler_still_runs(tmp_path):
     assert process.wait(timeout=60) == 3
     assert "application handler ran" in process.stdout.read()
     assert json.loads(report(tmp_path, "--json").stdout)["files"][0]["state"] == "ended"
+
+
+def test_a_process_that_ignores_sigterm_still_ignores_it(tmp_path):
+    process = start(tmp_path, "ignores")
+    ready(process)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(1)
+    assert process.poll() is None, process.stderr.read()  # nothing stopped it, nothing says it stopped
+    process.kill()
+    process.wait(timeout=60)
+    assert (tmp_path / "t.sgltrace.traceback").read_text() == ""
+    assert json.loads(report(tmp_path, "--json").stdout)["files"][0]["state"] == "died"
 
 
 def test_a_worker_stopped_by_its_parent_leaves_the_parents_file_alone(tmp_path):
