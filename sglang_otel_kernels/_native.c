@@ -1967,11 +1967,15 @@ static PyObject *mark_sigterm(PyObject *module, PyObject *arg) {
     long fd = PyLong_AsLong(arg);
     if (fd == -1 && PyErr_Occurred())
         return NULL;
+    if (fd < -1 || fd > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "mark_sigterm takes a file descriptor or -1, not %ld", fd);
+        return NULL;
+    }
     struct sigaction now;
     if (sigaction(SIGTERM, NULL, &now) != 0)
         return PyErr_SetFromErrno(PyExc_OSError);
     int ours = (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigterm;
-    if (fd < 0 || fd > INT_MAX) {
+    if (fd == -1) {
         sigterm_fd = -1;
         if (ours && sigaction(SIGTERM, &sigterm_before, NULL) != 0)
             return PyErr_SetFromErrno(PyExc_OSError);

@@ -398,11 +398,11 @@ def _enable_faulthandler(trace_path: str) -> None:
         new_file = os.fdopen(fd, "w")
         if not _faulthandler_theirs:
             faulthandler.enable(file=new_file, all_threads=True)
+        before = signal.getsignal(signal.SIGTERM)
         if core.native is not None:
             core.native.mark_sigterm(new_file.fileno())
-        elif hasattr(faulthandler, "register") and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        elif hasattr(faulthandler, "register") and before is not signal.SIG_IGN:
             # An ignored SIGTERM stops nothing: nothing may say it did.
-            before = signal.getsignal(signal.SIGTERM)
             faulthandler.register(signal.SIGTERM, file=new_file, all_threads=False, chain=True)
             _sigterm_before = before
     except (OSError, ValueError, RuntimeError) as exc:
