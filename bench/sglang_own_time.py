@@ -10,8 +10,8 @@ running. The core is built once more from this checkout with SOK_TIMING
 defined, into a copy of the package: it sums the time its recorded calls
 spend outside their kernels (four clock reads a call, about 40 ns each on
 an AMD EPYC VM, are in the figure). A sitecustomize in the server times
-the batch span the same way: `forward_batch`'s entry and exit and the
-span's end (the integration's loop over the batch's requests is not in
+the batch span the same way: `open_batch`, its `close` and the span's
+end (the integration's loop over the batch's requests is not in
 it). One server, warmed up by one request, then a row per request: its
 time a decode step, the calls the core recorded a step (and how many went
 through the Python path instead: their own time is not in the figures),
@@ -55,8 +55,8 @@ if os.environ.get("SGLANG_BENCH_DIR"):
         setattr(owner, name, timed)
 
     def _requests(module):
-        _timed(module._BatchScope, "__enter__", count=True)
-        _timed(module._BatchScope, "__exit__")
+        _timed(module, "open_batch", count=True)
+        _timed(module.OpenBatch, "close")
 
     def _file_spans(module):
         _timed(module.FileSpan, "end")

@@ -160,3 +160,26 @@ def test_a_step_keyed_trace_id_is_the_key_s_on_every_rank():
     assert requests._keyed_trace_id((3, ("a",))) != ids[3]
     # Not a step and the rest: hashed whole, as any other key.
     assert requests._keyed_trace_id("batch 3") == requests._keyed_trace_id("batch 3") != ids[3]
+
+
+def test_a_batch_repeated_into_a_new_file_is_named_with_that_file_s_names(tmp_path):
+    """What a batch span's start encodes to is kept for the next step's, per
+    file: a step written into a new file, whose name table numbers names in
+    another order, names itself and its scope with that file's numbers."""
+    provider = TracerProvider(sampler=ALWAYS_ON)
+    paths = [tmp_path / "first.sgltrace", tmp_path / "second.sgltrace"]
+    for index, path in enumerate(paths):
+        sok.configure(level=1, log_dest="off", trace_file=str(path), tracer_provider=provider)
+        kernel = sok.debug_kernel_api(op_name="k")(lambda: None)
+        if index:  # another name first: each number stands for another name than in the first file
+            sok.debug_kernel_api(op_name="first.in.the.second.file")(lambda: None)()
+        for step in range(3):
+            with sok.forward_batch([(None, "a")], name="step", batch_key=(step, ("a",))):
+                kernel()
+    sok.configure(level=0)
+    for path in paths:
+        spans = [span for span in sok.read_trace(path) if span.name != "first.in.the.second.file"]
+        assert sorted(span.name for span in spans) == ["k"] * 3 + ["step"] * 3, path
+        steps = [span for span in spans if span.name == "step"]
+        assert all(list(span.attributes["sglang.batch.request_ids"]) == ["a"] for span in steps)
+        assert {span.scope_name for span in steps} == {"sglang_otel_kernels"}

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ..notices import warn_once
+from ..notices import warn_failed_once, warn_once
 from ..record import batches, identity
 from ..record.file_spans import FileSpan, file_only
 from ..record.spans import describe_exception, record_failure
@@ -255,23 +255,34 @@ class _Members:
 _recent: "_Members | None" = None  # the last batch's (any thread's: one reference, replaced whole)
 
 
-def _members_of(requests: Iterable[Any], rows: Any) -> _Members:
-    """The `_Members` of these requests: the last batch's when they are the same."""
+def _members_of(members: list, rows: Any) -> _Members:
+    """The `_Members` of these (context, request id) pairs: the last batch's when they are the same."""
     global _recent
-    members = _normalise(requests)
-    key = (members, _row_counts(rows, len(members)))
+    key = (members, None if rows is None else _row_counts(rows, len(members)))
     recent = _recent
     if recent is None or recent.key != key:
         recent = _recent = _Members(key, members, key[1])
     return recent
 
 
-class _BatchScope:
-    """`forward_batch`'s context manager. A class, not a generator: SGLang's
-    scheduler enters one every decode step, where contextlib's wrapper and a
-    generator's frames cost more than the span's records."""
+def _context_variable() -> Any:
+    """OpenTelemetry's ContextVar where the runtime context is its default one
+    (attached and detached here directly: a batch attaches every step), else None."""
+    global _variable
+    if _variable is False:
+        from ..record.core import context_var
 
-    __slots__ = ("_arguments", "_end_later", "_batch", "_request_spans", "_token", "_state", "_calls_before")
+        _variable = context_var()[0]
+    return _variable
+
+
+_variable: Any = False  # not looked up yet
+
+
+class _BatchScope:
+    """`forward_batch`'s context manager."""
+
+    __slots__ = ("_arguments", "_end_later", "_opened")
 
     def __init__(self, requests, name, attributes, batch_key, rows, end_later) -> None:
         self._arguments = (requests, name, attributes, batch_key, rows)
@@ -279,62 +290,98 @@ class _BatchScope:
 
     def __enter__(self) -> trace.Span:
         requests, name, attributes, batch_key, rows = self._arguments
-        tracer = kernel_tracer()
-        current = context_api.get_current()
-        members = _members_of(requests, rows)
-        batch_attributes = {**members.attributes, **attributes} if attributes else members.attributes
-        links, parent, traced = members.links, members.parent, members.traced
-        if file_only(tracer, len(links)):  # the trace file alone: its records written straight (record/file_spans.py)
-            around = parent or batches.current_span_context(current)
-            batch = FileSpan(name, around, batch_attributes, links,
-                             trace_id=_keyed_trace_id(batch_key) if batch_key is not None and not around.is_valid else None)
-            if traced:
-                batch_link = (Link(batch.get_span_context(), {BATCH_SIZE: len(members.names)}),)
-                request_spans = [FileSpan(f"{name}.request", span_context, {REQUEST_ID: request_id} if request_id else {},
-                                          batch_link) for span_context, request_id in traced]
-        else:
-            ids = _keyed_ids(tracer) if parent is None and batch_key is not None else None
-            if ids is not None:
-                ids.keyed(batch_key)
-            try:
-                batch = tracer.start_span(name, context=None if parent is None else _context_of(parent),
-                                          kind=SpanKind.INTERNAL, attributes=batch_attributes, links=links)
-            finally:
-                if ids is not None:
-                    ids.forget()
-            if traced:
-                batch_link = [Link(batch.get_span_context(), {BATCH_SIZE: len(members.names)})]
-                request_spans = [tracer.start_span(f"{name}.request", context=_context_of(span_context),
-                                                   kind=SpanKind.INTERNAL,
-                                                   attributes={REQUEST_ID: request_id} if request_id else None,
-                                                   links=batch_link) for span_context, request_id in traced]
-        if traced:  # the request spans copies go under
-            published = batches.Batch(tuple((span.get_span_context(), request_id)
-                                            for span, (_, request_id) in zip(request_spans, traced)),
-                                      members.names, members.counts)
-        else:
-            request_spans, published = (), members.published
-        self._batch, self._request_spans = batch, request_spans
-        self._state = per_thread.state
-        self._calls_before = self._state[CALLS]
-        self._token = context_api.attach(batches.publish(published, batch, current))
-        return batch
+        self._opened = open_batch(_normalise(requests), name, attributes, batch_key, rows, self._end_later)
+        return self._opened.span
 
     def __exit__(self, kind, exc, traceback) -> bool:
-        batch, request_spans = self._batch, self._request_spans
-        kept = kind is None and self._end_later  # a batch that ran, its span left open (end_later)
+        self._opened.close(exc if kind is not None else None)
+        return False  # the exception, if any, goes on
+
+
+class OpenBatch:
+    """A batch span `open_batch` opened, its context attached: `span`, and
+    `close`, which detaches it and ends it (and its request spans)."""
+
+    __slots__ = ("span", "_request_spans", "_token", "_state", "_calls_before", "_end_later")
+
+    def close(self, exc: "BaseException | None") -> None:
+        """After the batch ran (`exc`: None) or raised `exc`, which is recorded
+        on its spans (status ERROR). The span is left open where it ran and
+        was opened with `end_later`."""
+        batch, request_spans = self.span, self._request_spans
         try:
-            if kind is not None:
+            if exc is not None:
                 record_failure(batch, exc)
                 for span in request_spans:
                     span.set_status(Status(StatusCode.ERROR, describe_exception(exc)))
         finally:
-            context_api.detach(self._token)
+            _detach(self._token)
             calls = self._state[CALLS] - self._calls_before
             for span in request_spans:
                 span.set_attribute(BATCH_KERNEL_CALLS, calls)
                 span.end()
             batch.set_attribute(BATCH_KERNEL_CALLS, calls)
-            if not kept:
+            if exc is not None or not self._end_later:
                 batch.end()
-        return False  # the exception, if any, goes on
+
+
+def _detach(token: Any) -> None:
+    variable = _context_variable()
+    if variable is None:
+        context_api.detach(token)
+        return
+    try:
+        variable.reset(token)
+    except Exception as exc:  # as OpenTelemetry's detach: a token of another context is reported, never raised
+        warn_failed_once("detaching a batch's context", exc)
+
+
+def open_batch(members: list, name: str, attributes: "Mapping[str, Any] | None", batch_key: Any,
+               rows: "Sequence[int] | None", end_later: bool) -> OpenBatch:
+    """`forward_batch`'s span (with its request spans), opened for `members`,
+    the batch's (span context or None, request id or None) pairs, and its
+    context attached: an engine's integration calls this every step, without
+    a context manager's calls."""
+    tracer = kernel_tracer()
+    variable = _context_variable()
+    current = variable.get() if variable is not None else context_api.get_current()
+    batch_members = _members_of(members, rows)
+    batch_attributes = {**batch_members.attributes, **attributes} if attributes else batch_members.attributes
+    links, parent, traced = batch_members.links, batch_members.parent, batch_members.traced
+    if file_only(tracer, len(links)):  # the trace file alone: its records written straight (record/file_spans.py)
+        around = parent or batches.current_span_context(current)
+        batch = FileSpan(name, around, batch_attributes, links,
+                         trace_id=_keyed_trace_id(batch_key) if batch_key is not None and not around[5] else None)
+        if traced:
+            batch_link = (Link(batch.get_span_context(), {BATCH_SIZE: len(batch_members.names)}),)
+            request_spans = [FileSpan(f"{name}.request", span_context, {REQUEST_ID: request_id} if request_id else {},
+                                      batch_link) for span_context, request_id in traced]
+    else:
+        ids = _keyed_ids(tracer) if parent is None and batch_key is not None else None
+        if ids is not None:
+            ids.keyed(batch_key)
+        try:
+            batch = tracer.start_span(name, context=None if parent is None else _context_of(parent),
+                                      kind=SpanKind.INTERNAL, attributes=batch_attributes, links=links)
+        finally:
+            if ids is not None:
+                ids.forget()
+        if traced:
+            batch_link = [Link(batch.get_span_context(), {BATCH_SIZE: len(batch_members.names)})]
+            request_spans = [tracer.start_span(f"{name}.request", context=_context_of(span_context),
+                                               kind=SpanKind.INTERNAL,
+                                               attributes={REQUEST_ID: request_id} if request_id else None,
+                                               links=batch_link) for span_context, request_id in traced]
+    if traced:  # the request spans copies go under
+        published = batches.Batch(tuple((span.get_span_context(), request_id)
+                                        for span, (_, request_id) in zip(request_spans, traced)),
+                                  batch_members.names, batch_members.counts)
+    else:
+        request_spans, published = (), batch_members.published
+    opened = OpenBatch()
+    opened.span, opened._request_spans, opened._end_later = batch, request_spans, end_later
+    opened._state = state = per_thread.state
+    opened._calls_before = state[CALLS]
+    published = batches.publish(published, batch, current)
+    opened._token = variable.set(published) if variable is not None else context_api.attach(published)
+    return opened

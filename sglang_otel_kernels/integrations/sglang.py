@@ -158,16 +158,6 @@ def _patch_logging(handle: Instrumentation, module: Any) -> None:
              "install it first (sglang-otel-kernels run -- <command>)")
 
 
-def _request_context(request: Any) -> tuple[Any, Any]:
-    """(the root span context of a request's SGLang trace, its id)."""
-    trace_context = getattr(getattr(request, "time_stats", None), "trace_ctx", None)
-    # An untraced request (no --enable-trace: every request, every step) holds SGLang's
-    # TraceNullContext, which answers every attribute with itself: told apart as SGLang does.
-    if getattr(trace_context, "tracing_enable", True) is False:
-        return None, getattr(request, "rid", None)
-    return getattr(trace_context, "root_span_context", None), getattr(request, "rid", None)
-
-
 def _rows(batch: Any, requests: int) -> "list[int] | None":
     """Each request's rows in a ScheduleBatch's token-flattened tensors, for
     NaN provenance: one in decode, its extend length in prefill, extend and
@@ -216,7 +206,7 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
     original = getattr(scheduler, "run_batch", None)
     if original is None or _config.get_config().level == 0:
         return
-    from ..capture.requests import forward_batch
+    from ..capture.requests import open_batch, span_context_of
 
     learnt = []  # once a batch has run
 
@@ -225,19 +215,31 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
         if not learnt:  # a scheduler made without its __init__ (or before the ranks were published)
             learnt.append(True)
             _learn_ranks()
-        _end_open_batch(self)  # one whose results were never processed
-        requests, rids = [], []  # one loop, no comprehension frames: every decode step comes here
+        unprocessed = self.__dict__.pop(_OPEN_BATCH, None)
+        if unprocessed is not None:  # a batch whose results were never processed
+            unprocessed[1].end()
+        # Every decode step comes here: one loop, no helper calls or comprehension frames.
+        members, rids = [], []
         for request in getattr(batch, "reqs", None) or ():
-            member = _request_context(request)
-            requests.append(member)
-            rids.append(str(member[1]))
+            rid = getattr(request, "rid", None)
+            trace_context = getattr(getattr(request, "time_stats", None), "trace_ctx", None)
+            # An untraced request (no --enable-trace: every request, every step) holds SGLang's
+            # TraceNullContext, which answers every attribute with itself: told apart as SGLang does.
+            traced = getattr(trace_context, "tracing_enable", True) is not False
+            members.append((span_context_of(getattr(trace_context, "root_span_context", None)) if traced else None,
+                            None if rid is None else str(rid)))
+            rids.append(str(rid))
         # Every tensor-parallel rank runs the same step on the same requests: one trace for all.
-        key = (getattr(self, "forward_ct", None), tuple(rids))
-        with forward_batch(requests, name=BATCH_SPAN, batch_key=key, rows=_rows(batch, len(requests)),
-                           end_later=processes_results) as span:
+        opened = open_batch(members, BATCH_SPAN, None, (getattr(self, "forward_ct", None), tuple(rids)),
+                            _rows(batch, len(members)), processes_results)
+        try:
             result = original(self, batch, *args, **kwargs)
+        except BaseException as exc:
+            opened.close(exc)
+            raise
+        opened.close(None)
         if processes_results:
-            self.__dict__[_OPEN_BATCH] = (batch, span)
+            self.__dict__[_OPEN_BATCH] = (batch, opened.span)
         return result
 
     handle.add(Patch(scheduler, "run_batch", run_batch))
@@ -252,8 +254,7 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
             if open_batch is None or open_batch[0] is not batch:  # overlapped: ended by the next run_batch
                 return process(self, batch, *args, **kwargs)
             del self.__dict__[_OPEN_BATCH]
-            with _ending(open_batch[1]):
-                return process(self, batch, *args, **kwargs)
+            return _ending(open_batch[1], process, self, batch, *args, **kwargs)
 
         handle.add(Patch(scheduler, "process_batch_result", process_batch_result))
     init = scheduler.__init__
@@ -270,9 +271,12 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
         from ..schema import STAGE
 
         stage = _engine_span(SCHEDULER_INIT_SPAN, {STAGE: "init"})
-        with _ending(stage), trace.use_span(stage, end_on_exit=False, record_exception=False,
-                                            set_status_on_exception=False):
-            return init(self, *args, **kwargs)
+
+        def initialise():
+            with trace.use_span(stage, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+                return init(self, *args, **kwargs)
+
+        return _ending(stage, initialise)
 
     handle.add(Patch(scheduler, "__init__", __init__))
 
@@ -300,33 +304,18 @@ def _record_stop(reason: str) -> None:
     _engine_span(STOP_SPAN, {STOP_REASON: reason}).end()
 
 
-class _ending:
-    """Ends `span` after the block, the block's exception recorded on it
-    (status ERROR). A class, not a generator: it runs every decode step."""
+def _ending(span: Any, call: Callable, *args, **kwargs) -> Any:
+    """`call(*args, **kwargs)`, then `span` ended, the call's exception
+    recorded on it (status ERROR). No context manager: it runs every decode step."""
+    try:
+        return call(*args, **kwargs)
+    except BaseException as exc:
+        from ..record.spans import record_failure  # torch is imported by the time SGLang runs
 
-    __slots__ = ("span",)
-
-    def __init__(self, span: Any) -> None:
-        self.span = span
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, traceback) -> bool:
-        try:
-            if kind is not None:
-                from ..record.spans import record_failure  # torch is imported by the time SGLang runs
-
-                record_failure(self.span, exc)
-        finally:
-            self.span.end()
-        return False
-
-
-def _end_open_batch(scheduler: Any) -> None:
-    open_batch = scheduler.__dict__.pop(_OPEN_BATCH, None)
-    if open_batch is not None:
-        open_batch[1].end()
+        record_failure(span, exc)
+        raise
+    finally:
+        span.end()
 
 
 def _engine_span(name: str, attributes: dict) -> Any:

@@ -24,7 +24,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Tracer
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import DEFAULT_TRACE_STATE, Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from .._version import __version__
 from ..notices import warn_failed_once
@@ -37,6 +37,8 @@ _SCOPE = (TRACER_NAME, __version__)
 _UNSET, _OK = StatusCode.UNSET.value, StatusCode.OK.value
 
 
+# The last FileSpan start's (name table, attributes, links, name, scope symbol, start_fields).
+_last_start: tuple = (None, None, None, None, 0, None)
 _verdict: tuple = (None, None, -1)  # (a tracer, its processors, the links its spans take straight; -1: none)
 
 
@@ -89,17 +91,20 @@ class FileSpan(trace.Span):
 
     def __init__(self, name: str, parent: "SpanContext | None", attributes: dict,
                  links: Sequence[Link] = (), kind: SpanKind = SpanKind.INTERNAL,
-                 trace_id: "int | None" = None, _bits=random.getrandbits) -> None:
+                 trace_id: "int | None" = None, _bits=random.getrandbits, _new=tuple.__new__) -> None:
         """`parent`: None or an invalid context for a root span, whose trace id
         is `trace_id` where it is given (a batch's, the same on every rank)."""
-        state = None
-        if parent is not None and parent.is_valid:
-            trace_id, state = parent.trace_id, parent.trace_state
+        global _last_start
+        state = DEFAULT_TRACE_STATE
+        # A SpanContext is a tuple (trace id, span id, remote, flags, state, valid): read and
+        # made as one (its properties and its checks are Python calls, on a batch's every step).
+        if parent is not None and parent[5]:
+            trace_id, state = parent[0], parent[4]
         else:
             parent = None
             if trace_id is None:
                 trace_id = _bits(128) or 1
-        self._context = SpanContext(trace_id, _bits(64) or 1, False, _SAMPLED, state)
+        self._context = _new(SpanContext, (trace_id, _bits(64) or 1, False, _SAMPLED, state, True))
         self._added: dict = {}
         self._events: list = []
         self._status, self._description = _UNSET, None
@@ -108,9 +113,16 @@ class FileSpan(trace.Span):
         if writer is None or writer.failed:
             return
         try:
-            scope = writer.symbols.get(_SCOPE) or writer.symbol(_SCOPE)
-            _processor.write_start(writer, self._context, parent, attributes, tuple(links), name, scope, time_ns(),
-                                   kind._value_)
+            links = tuple(links)
+            # A batch span starts with the same name, attributes and links step after step: what
+            # they encode to is kept for the next (for this file's names: `symbols`, new in a new file).
+            last = _last_start
+            if last[0] is not writer.symbols or last[1] is not attributes or last[2] is not links or last[3] != name:
+                scope = writer.symbols.get(_SCOPE) or writer.symbol(_SCOPE)
+                fields = _processor.start_fields(writer, attributes, links, name)
+                last = _last_start = (writer.symbols, attributes, links, name, scope, fields)
+            _processor.write_start(writer, self._context, parent, attributes, links, name, last[4], time_ns(),
+                                   kind._value_, last[5])
         except Exception as exc:
             warn_failed_once("trace-file record", exc)
 

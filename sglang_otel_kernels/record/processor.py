@@ -145,17 +145,36 @@ _REMEMBERED = 64
 _MAX_OPEN = 4096
 
 
+def start_fields(writer: "tracefile.TraceFileWriter", attributes: dict, links: tuple, name: str) -> tuple:
+    """What a start record holds beside its ids and times: (its flags for
+    links and an inline name, the name's symbol in `writer`, the attributes
+    and links as marshal data). The same for every span of a name that has
+    the same attributes and links (a batch span, step after step)."""
+    flags, data = 0, attributes
+    if links:
+        flags = tracefile.FLAG_LINKS
+        data = (attributes, tuple(
+            (link.context.trace_id, link.context.span_id, dict(link.attributes or {})) for link in links))
+    symbol = writer.symbols.get(name) or writer.symbol(name)
+    if not symbol:  # no room in the name table (a name per request): written inline
+        flags |= tracefile.FLAG_INLINE_NAME
+        data = (name, data)
+    return flags, symbol, tracefile.encode(data)
+
+
 def write_start(writer: "tracefile.TraceFileWriter", context, parent, attributes: dict, links: tuple, name: str,
-                scope: int, start: int, kind: int, _pack=tracefile.SPAN_START.pack, _encode=tracefile.encode,
+                scope: int, start: int, kind: int, fields: "tuple | None" = None, _pack=tracefile.SPAN_START.pack,
                 _encoding=tracefile.ENCODING_SPAN_START, _per_thread=tracefile.per_thread) -> None:
     """A span's start record: its ids, parent, name, start time, thread,
-    scope (a symbol of `writer`), kind, attributes and links; contexts are
+    scope (a symbol of `writer`), kind, attributes and links (`fields`:
+    their `start_fields`, when the caller has them already); contexts are
     SpanContexts (tuples: unpacked at once, their properties cost 45 ns each)."""
     trace_id, span_id, _, trace_flags, _, _ = context
     state = _per_thread.state
     if state[NOTED] is not writer:
         writer.note_thread(state)
-    flags = trace_flags & 1
+    added, symbol, data = fields or start_fields(writer, attributes, links, name)
+    flags = trace_flags & 1 | added
     parent_id = 0
     if parent is not None:
         _, parent_id, remote, parent_flags, _, _ = parent
@@ -163,17 +182,8 @@ def write_start(writer: "tracefile.TraceFileWriter", context, parent, attributes
             flags |= tracefile.FLAG_REMOTE_PARENT
         if parent_flags & 1:
             flags |= tracefile.FLAG_PARENT_SAMPLED
-    data = attributes
-    if links:
-        flags |= tracefile.FLAG_LINKS
-        data = (attributes, tuple(
-            (link.context.trace_id, link.context.span_id, dict(link.attributes or {})) for link in links))
-    symbol = writer.symbols.get(name) or writer.symbol(name)
-    if not symbol:  # no room in the name table (a name per request): written inline
-        flags |= tracefile.FLAG_INLINE_NAME
-        data = (name, data)
     writer.write_record(_encoding, _pack(trace_id >> 64, trace_id & _LOW64, span_id, parent_id, start,
-                                         state[IDENT], symbol, scope, kind, flags) + _encode(data))
+                                         state[IDENT], symbol, scope, kind, flags) + data)
 
 
 def write_end(writer: "tracefile.TraceFileWriter", trace_id: int, span_id: int, end: int, code: int,
