@@ -2,7 +2,9 @@
 batch span `Scheduler.run_batch` opens and `process_batch_result` ends
 (sglang.forward_batch, its request ids, its trace id from the step), in the
 black box, with SGLang's own request and trace classes (an untraced request:
-its TraceNullContext) and a scheduler whose methods do nothing.
+its TraceNullContext) and a scheduler whose step makes one recorded kernel
+call: each step's batch attaches a new context, in which the call finds its
+parent, where the plain scheduler's calls all run in the same one.
 
     python bench/sglang_batch_cost.py [--steps 2000] [--rounds 5]
 
@@ -56,7 +58,10 @@ def main() -> None:
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.observability.trace import TraceNullContext
 
+    import sglang_otel_kernels as sok
     from sglang_otel_kernels.capture.patches import Instrumentation
+
+    kernel = sok.debug_kernel_api(op_name="bench.kernel")(lambda: None)
 
     def scheduler_class():
         class Scheduler:
@@ -64,6 +69,7 @@ def main() -> None:
 
             def run_batch(self, batch):
                 self.forward_ct += 1
+                kernel()
                 return batch
 
             def process_batch_result(self, batch, result):

@@ -1434,6 +1434,27 @@ static unsigned long site_symbol(Recorded *self) {
     return 0;
 }
 
+/* Takes `parent`, parent_of's (context, trace id, parent id, flags), as
+ * what a root call in that context is given (a borrowed reference). */
+static int use_parent(PyObject *parent) {
+    if (!PyTuple_Check(parent) || PyTuple_GET_SIZE(parent) != 4) {
+        PyErr_SetString(PyExc_TypeError, "_parent_of gives (context, trace id, parent id, flags)");
+        return -1;
+    }
+    uint64_t hi, lo;
+    unsigned long long parent_id = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(parent, 2));
+    unsigned long flags = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(parent, 3));
+    if (PyErr_Occurred() || split128(PyTuple_GET_ITEM(parent, 1), &hi, &lo) < 0)
+        return -1;
+    Py_XSETREF(core.last_context, Py_NewRef(PyTuple_GET_ITEM(parent, 0)));
+    Py_XSETREF(core.last_trace, parent_id ? Py_NewRef(PyTuple_GET_ITEM(parent, 1)) : NULL);
+    core.trace_hi = hi;
+    core.trace_lo = lo;
+    core.parent_id = parent_id;
+    core.parent_flags = (unsigned)flags;
+    return 0;
+}
+
 /* The parent of a root call (no call of this thread around it): from the
  * current OpenTelemetry context, which consecutive calls mostly share. */
 static int root_parent(void) {
@@ -1456,26 +1477,17 @@ static int root_parent(void) {
     Py_DECREF(context);
     if (parent == NULL)
         return -1;
-    if (!PyTuple_Check(parent) || PyTuple_GET_SIZE(parent) != 4) {
-        Py_DECREF(parent);
-        PyErr_SetString(PyExc_TypeError, "_parent_of gives (context, trace id, parent id, flags)");
-        return -1;
-    }
-    uint64_t hi, lo;
-    unsigned long long parent_id = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(parent, 2));
-    unsigned long flags = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(parent, 3));
-    if (PyErr_Occurred() || split128(PyTuple_GET_ITEM(parent, 1), &hi, &lo) < 0) {
-        Py_DECREF(parent);
-        return -1;
-    }
-    Py_XSETREF(core.last_context, Py_NewRef(PyTuple_GET_ITEM(parent, 0)));
-    Py_XSETREF(core.last_trace, parent_id ? Py_NewRef(PyTuple_GET_ITEM(parent, 1)) : NULL);
-    core.trace_hi = hi;
-    core.trace_lo = lo;
-    core.parent_id = parent_id;
-    core.parent_flags = (unsigned)flags;
+    int done = use_parent(parent);
     Py_DECREF(parent);
-    return 0;
+    return done;
+}
+
+/* A context's parent told ahead (parent_of's tuple for it): a batch that
+ * attaches a new context every step spares its first call the look. */
+static PyObject *prime_parent(PyObject *module, PyObject *parent) {
+    if (use_parent(parent) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 static void put_u64(unsigned char *at, uint64_t value) { memcpy(at, &value, 8); }
@@ -2131,6 +2143,7 @@ static PyMethodDef module_methods[] = {
     {"set_capturing", set_capturing, METH_O, "How many CUDA graphs are being captured."},
     {"setup", setup, METH_VARARGS, "The Python objects the core reads (record/core.py)."},
     {"seed", seed, METH_O, "Seeds the span and trace ids (32 bytes)."},
+    {"prime_parent", prime_parent, METH_O, "prime_parent((context, trace id, parent id, flags)): parent_of's answer, told ahead."},
     {"next_seq", next_seq, METH_NOARGS, "The next call number, shared with the compiled wrappers."},
     {"recorded", recorded, METH_NOARGS, "How many calls this core recorded itself (the others went through Python)."},
 #ifdef SOK_TIMING

@@ -32,7 +32,7 @@ from ..record import attributes as _attrs
 from ..record import batches, core, tracefile
 from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.setup import follow_trace_file, watch_global_provider
-from ..record.spans import KernelSpans, awaited, call_context, parent_context, parent_of, unwind
+from ..record.spans import KernelSpans, awaited, call_context, parent_context, parent_entry, parent_of, unwind
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from .guards import compiler_flags, is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
@@ -142,6 +142,19 @@ def kernel_tracer():
     if spans is None or not spans.sdk:
         return trace.get_tracer(schema.TRACER_NAME, __version__)
     return spans.tracer or spans.setup()
+
+
+def prime_parent(context, span_context) -> None:
+    """Kernel calls about to run in `context`, whose current span has
+    `span_context`, are given that span as their parent without looking
+    for it there: a batch attaches a new context every step, and each
+    step's first call would look."""
+    parent = parent_entry(context, span_context)
+    spans = _runtime.spans
+    if spans is not None:
+        spans.prime(parent)
+    if core.native is not None:
+        core.native.prime_parent(parent)
 
 
 def _warn_once(what: str, exc: BaseException) -> None:

@@ -31,7 +31,7 @@ from ..record.file_spans import FileSpan, file_only
 from ..record.spans import describe_exception, record_failure
 from ..record.tracefile import CALLS, per_thread
 from ..schema import BATCH_KERNEL_CALLS, BATCH_REQUEST_IDS, BATCH_SIZE, BATCH_UNTRACED, REQUEST_ID
-from .decorator import kernel_tracer
+from .decorator import kernel_tracer, prime_parent
 
 
 _propagator = TraceContextTextMapPropagator()
@@ -315,7 +315,13 @@ class OpenBatch:
                 for span in request_spans:
                     span.set_status(Status(StatusCode.ERROR, describe_exception(exc)))
         finally:
-            _detach(self._token)
+            if _variable is None:
+                context_api.detach(self._token)
+            else:
+                try:
+                    _variable.reset(self._token)
+                except Exception as error:  # as OpenTelemetry's detach: a token of another context is told, not raised
+                    warn_failed_once("detaching a batch's context", error)
             calls = self._state[CALLS] - self._calls_before
             for span in request_spans:
                 span.set_attribute(BATCH_KERNEL_CALLS, calls)
@@ -323,17 +329,6 @@ class OpenBatch:
             batch.set_attribute(BATCH_KERNEL_CALLS, calls)
             if exc is not None or not self._end_later:
                 batch.end()
-
-
-def _detach(token: Any) -> None:
-    variable = _context_variable()
-    if variable is None:
-        context_api.detach(token)
-        return
-    try:
-        variable.reset(token)
-    except Exception as exc:  # as OpenTelemetry's detach: a token of another context is reported, never raised
-        warn_failed_once("detaching a batch's context", exc)
 
 
 def open_batch(members: list, name: str, attributes: "Mapping[str, Any] | None", batch_key: Any,
@@ -384,4 +379,5 @@ def open_batch(members: list, name: str, attributes: "Mapping[str, Any] | None",
     opened._calls_before = state[CALLS]
     published = batches.publish(published, batch, current)
     opened._token = variable.set(published) if variable is not None else context_api.attach(published)
+    prime_parent(published, batch.get_span_context())
     return opened

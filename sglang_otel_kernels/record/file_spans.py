@@ -109,7 +109,7 @@ class FileSpan(trace.Span):
         self._events: list = []
         self._status, self._description = _UNSET, None
         self._ended = False
-        writer = _processor.current_writer()
+        writer = _processor._current  # current_writer(), without a call: a batch span starts and ends every step
         if writer is None or writer.failed:
             return
         try:
@@ -172,7 +172,7 @@ class FileSpan(trace.Span):
         if self._ended:
             return
         self._ended = True
-        writer = _processor.current_writer()
+        writer = _processor._current  # current_writer(), without a call: a batch span starts and ends every step
         if writer is None or writer.failed:
             return
         try:
