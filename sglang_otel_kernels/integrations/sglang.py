@@ -250,11 +250,11 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
         def process_batch_result(self, batch, *args, **kwargs):
             # The batch's span ends once its results are processed (the scheduler's own Python, a
             # good part of a step on the CPU): a scheduler killed meanwhile died serving that batch.
-            open_batch = self.__dict__.get(_OPEN_BATCH)
-            if open_batch is None or open_batch[0] is not batch:  # overlapped: ended by the next run_batch
+            pending = self.__dict__.get(_OPEN_BATCH)
+            if pending is None or pending[0] is not batch:  # overlapped: ended by the next run_batch
                 return process(self, batch, *args, **kwargs)
             del self.__dict__[_OPEN_BATCH]
-            return _ending(open_batch[1], process, self, batch, *args, **kwargs)
+            return _ending(pending[1], process, self, batch, *args, **kwargs)
 
         handle.add(Patch(scheduler, "process_batch_result", process_batch_result))
     init = scheduler.__init__
