@@ -26,7 +26,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ..notices import warn_failed_once, warn_once
-from ..record import batches, identity
+from ..record import batches, core, identity
 from ..record.file_spans import FileSpan, file_only
 from ..record.spans import describe_exception, record_failure
 from ..record.tracefile import CALLS, per_thread
@@ -265,18 +265,10 @@ def _members_of(members: list, rows: Any) -> _Members:
     return recent
 
 
-def _context_variable() -> Any:
-    """OpenTelemetry's ContextVar where the runtime context is its default one
-    (attached and detached here directly: a batch attaches every step), else None."""
-    global _variable
-    if _variable is False:
-        from ..record.core import context_var
-
-        _variable = context_var()[0]
-    return _variable
-
-
-_variable: Any = False  # not looked up yet
+# OpenTelemetry's ContextVar where the runtime context is its default one (chosen when
+# OpenTelemetry's context module is imported): a batch attaches and detaches through it directly,
+# every step; None: through OpenTelemetry's API.
+_variable = core.context_var()[0]
 
 
 class _BatchScope:
@@ -338,8 +330,7 @@ def open_batch(members: list, name: str, attributes: "Mapping[str, Any] | None",
     context attached: an engine's integration calls this every step, without
     a context manager's calls."""
     tracer = kernel_tracer()
-    variable = _context_variable()
-    current = variable.get() if variable is not None else context_api.get_current()
+    current = _variable.get() if _variable is not None else context_api.get_current()
     batch_members = _members_of(members, rows)
     batch_attributes = {**batch_members.attributes, **attributes} if attributes else batch_members.attributes
     links, parent, traced = batch_members.links, batch_members.parent, batch_members.traced
@@ -378,6 +369,6 @@ def open_batch(members: list, name: str, attributes: "Mapping[str, Any] | None",
     opened._state = state = per_thread.state
     opened._calls_before = state[CALLS]
     published = batches.publish(published, batch, current)
-    opened._token = variable.set(published) if variable is not None else context_api.attach(published)
+    opened._token = _variable.set(published) if _variable is not None else context_api.attach(published)
     prime_parent(published, batch.get_span_context())
     return opened

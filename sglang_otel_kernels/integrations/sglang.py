@@ -226,9 +226,10 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
             # An untraced request (no --enable-trace: every request, every step) holds SGLang's
             # TraceNullContext, which answers every attribute with itself: told apart as SGLang does.
             traced = getattr(trace_context, "tracing_enable", True) is not False
+            name = str(rid)
             members.append((span_context_of(getattr(trace_context, "root_span_context", None)) if traced else None,
-                            None if rid is None else str(rid)))
-            rids.append(str(rid))
+                            None if rid is None else name))
+            rids.append(name)
         # Every tensor-parallel rank runs the same step on the same requests: one trace for all.
         opened = open_batch(members, BATCH_SPAN, None, (getattr(self, "forward_ct", None), tuple(rids)),
                             _rows(batch, len(members)), processes_results)
