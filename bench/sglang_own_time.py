@@ -10,9 +10,9 @@ running. The core is built once more from this checkout with SOK_TIMING
 defined, into a copy of the package: it sums the time its recorded calls
 spend outside their kernels (four clock reads a call, about 40 ns each on
 an AMD EPYC VM, are in the figure). A sitecustomize in the server times
-the batch span the same way: `open_batch`, its `close` and the span's
-end (the integration's loop over the batch's requests is not in
-it). One server, warmed up by one request, then a row per request: its
+the batch span: `open_batch` the same way, and its close and end in the
+core (the integration's loop over the batch's requests is not in it; a
+batch Python opens, with request spans, is closed uncounted). One server, warmed up by one request, then a row per request: its
 time a decode step, the calls the core recorded a step (and how many went
 through the Python path instead: their own time is not in the figures),
 and each part's time a step and share of it. Needs SGLang's environment
@@ -56,22 +56,17 @@ if os.environ.get("SGLANG_BENCH_DIR"):
 
     def _requests(module):
         _timed(module, "open_batch", count=True)
-        _timed(module.OpenBatch, "close")
-
-    def _file_spans(module):
-        _timed(module.FileSpan, "end")
 
     def _write(signum, frame):
         from sglang_otel_kernels.record import core
-        calls, own = core.native.timing()
+        calls, own, closed = core.native.timing()  # closed: the core's batch spans' close and end
         path = os.path.join(os.environ["SGLANG_BENCH_DIR"], f"{os.getpid()}.own")
         with open(path + ".part", "w") as out:
-            json.dump({"calls": calls, "own": own, "all": core.native.recorded(), "batch": _batch[0],
+            json.dump({"calls": calls, "own": own, "all": core.native.recorded(), "batch": _batch[0] + closed,
                        "batches": _batch[1]}, out)
         os.replace(path + ".part", path)
 
     when_imported("sglang_otel_kernels.capture.requests", _requests)
-    when_imported("sglang_otel_kernels.record.file_spans", _file_spans)
     signal.signal(signal.SIGUSR2, _write)
 """
 

@@ -4,6 +4,7 @@ where no compiler is). They write the same records: the same program gives
 the same report through either, and the crash and trust suites pass with
 the core this run does not use (this run's is the one its environment says)."""
 
+import contextvars
 import json
 import os
 import random
@@ -401,10 +402,15 @@ sok.configure(level=1, log_dest="off", trace_file="t.sgltrace", export_sidecar=F
 inner = sok.debug_kernel_api(op_name="inner")(lambda: time.sleep(0.002))
 outer = sok.debug_kernel_api(op_name="outer")(lambda: inner())
 outer(), outer()  # the first calls go through Python, which names the kernels in the file
-(calls, own), recorded = core.native.timing(), core.native.recorded()
+(calls, own, closed), recorded = core.native.timing(), core.native.recorded()
 for _ in range(50):
     outer()
-print(sok.__file__, core.native.timing()[0] - calls, core.native.recorded() - recorded, core.native.timing()[1] - own)
+after = core.native.timing()
+for _ in range(10):
+    with sok.forward_batch([None]):
+        pass
+print(sok.__file__, after[0] - calls, core.native.recorded() - recorded, after[1] - own, after[2] - closed,
+      core.native.timing()[2] - after[2])
 """
 
 
@@ -412,7 +418,8 @@ print(sok.__file__, core.native.timing()[0] - calls, core.native.recorded() - re
 def test_the_timing_build_sums_the_own_time_of_the_calls_it_records(tmp_path, monkeypatch):
     """bench/sglang_own_time.py's build of the core (SOK_TIMING) counts the
     calls it records and their time outside their kernels: a nested call's
-    time is not its caller's own."""
+    time is not its caller's own; and apart, the time batch spans take to
+    close and end."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     from sglang_own_time import timing_build
 
@@ -420,11 +427,12 @@ def test_the_timing_build_sums_the_own_time_of_the_calls_it_records(tmp_path, mo
     run = subprocess.run([sys.executable, "-c", TIMED], cwd=tmp_path, env=clean_env(PYTHONPATH=root),
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    path, calls, recorded, own = run.stdout.split()
+    path, calls, recorded, own, closed_by_calls, closed = run.stdout.split()
     assert path == str(Path(root) / "sglang_otel_kernels" / "__init__.py")
     assert int(calls) == int(recorded) == 100
     # 100 calls' own time, each a few microseconds, far under the 50 sleeps of 2 ms inside the outer calls.
     assert 0 < int(own) < 20_000_000
+    assert int(closed_by_calls) == 0 < int(closed)
 
 
 @pytest.mark.skipif(core.native is None, reason="the compiled wrapper's own check")
@@ -451,3 +459,37 @@ def test_the_compiled_wrapper_calls_straight_through_while_torch_compiles(tmp_pa
     assert [s.attributes["sglang.kernel.seq"] for s in calls] == sorted(s.attributes["sglang.kernel.seq"] for s in calls)
     assert len(calls) == 3
     sok.configure(level=0, trace_file="off")
+
+
+@pytest.mark.skipif(core.native is None, reason="the compiled core's own batch spans")
+def test_the_compiled_core_opens_a_file_only_batch_itself(tmp_path, capsys):
+    """A batch of the trace file alone with no request spans (every decode step
+    of an untraced request) is opened by the compiled core; its context is
+    detached when it closes, and one already detached is told, not raised."""
+    from opentelemetry import context as context_api
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    from sglang_otel_kernels.capture.requests import open_batch
+
+    path = tmp_path / "t.sgltrace"
+    sok.configure(level=1, log_dest="off", trace_file=str(path), tracer_provider=TracerProvider(sampler=ALWAYS_ON))
+    kernel = sok.debug_kernel_api(op_name="k")(lambda: None)
+    kernel()
+    before = context_api.get_current()
+    opened = open_batch([(None, "a")], "step", None, (1, ("a",)), None, False)
+    assert isinstance(opened, core.native.BatchScope)
+    assert context_api.get_current() is not before
+    kernel()
+    opened.close(None)
+    assert context_api.get_current() is before
+    with pytest.raises(RuntimeError, match="closed twice"):
+        opened.close(None)
+    inner = open_batch([(None, "a")], "inner", None, None, None, False)
+    contextvars.copy_context().run(inner.close, None)  # in another context: its token is not that one's
+    assert "detaching a batch's context failed (ValueError" in capsys.readouterr().err
+    sok.configure(level=0)
+    spans = {span.name: span for span in sok.read_trace(path)}
+    assert spans["step"].attributes["sglang.batch.kernel_calls"] == 1 and not spans["step"].in_flight
+    assert [span.parent_span_id for span in sok.read_trace(path) if span.name == "k"][1] == spans["step"].span_id
+    assert not spans["inner"].in_flight

@@ -42,6 +42,12 @@ def batches(kernel):
             kernel()
             raise IndexError("index out of range in self")
     yield span
+    with pytest.raises(ValueError):  # one request: a batch the compiled core opens, ended with an event
+        with sok.forward_batch([(None, "d")], name="failed alone", batch_key=(6, ("d",))) as span:
+            kernel()
+            span.add_event("user.event", {"n": 2})
+            raise ValueError("bad row")
+    yield span
 
 
 def recorded(path, provider) -> tuple[list, list]:
@@ -79,6 +85,9 @@ def test_a_file_only_provider_writes_what_the_sdk_would(tmp_path):
     assert {span.name for span in exporter.get_finished_spans()} >= {"one", "several", "failed", "k"}
     failed = next(row for row in straight[:-1] if row[0] == "failed")
     assert failed[3] == "ERROR" and failed[6][0][1]["exception.type"] == "IndexError"
+    alone = next(row for row in straight[:-1] if row[0] == "failed alone")
+    assert alone[3] == "ERROR" and [name for name, _ in alone[6]] == ["user.event", "exception"]
+    assert alone[5]["sglang.batch.kernel_calls"] == 1
 
 
 def test_a_provider_with_more_to_feed_takes_the_sdk_path():
@@ -110,11 +119,14 @@ def test_a_batch_ended_later_is_in_flight_until_its_caller_ends_it(tmp_path):
     spans = {s.name: s for s in sok.read_trace(path)}
     assert spans["open"].in_flight and not spans["raised"].in_flight
     assert spans["raised"].status_code == "ERROR"
-    span.end()
+    span.end(end_time=spans["open"].start_time + 5_000)
+    span.end()  # once
     sok.configure(level=0)
     spans = {s.name: s for s in sok.read_trace(path)}
     assert not spans["open"].in_flight and spans["open"].attributes["sglang.batch.kernel_calls"] == 1
+    assert spans["open"].end_time == spans["open"].start_time + 5_000
     assert spans["k"].parent_span_id == spans["open"].span_id
+    assert not span.is_recording()
 
 
 def test_consecutive_batches_name_their_own_requests(tmp_path):

@@ -22,12 +22,12 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.propagators.textmap import DefaultGetter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import DEFAULT_TRACE_STATE, Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ..notices import warn_failed_once, warn_once
 from ..record import batches, core, identity
-from ..record.file_spans import FileSpan, file_only
+from ..record.file_spans import FileSpan, file_only, start_of, write_end
 from ..record.spans import describe_exception, record_failure
 from ..record.tracefile import CALLS, per_thread
 from ..schema import BATCH_KERNEL_CALLS, BATCH_REQUEST_IDS, BATCH_SIZE, BATCH_UNTRACED, REQUEST_ID
@@ -271,6 +271,21 @@ def _members_of(members: list, rows: Any) -> _Members:
 _variable = core.context_var()[0]
 
 
+def _detach_failed(error: Exception) -> None:
+    # As OpenTelemetry's detach: a token of another context is told, not raised.
+    warn_failed_once("detaching a batch's context", error)
+
+
+# The compiled core opens a batch span of the trace file alone, with no request spans, itself
+# (every decode step of an untraced request, or of one traced request): None where it cannot.
+_open_natively = None
+if core.native is not None and _variable is not None:
+    core.native.set_batch(SpanContext, TraceFlags(TraceFlags.SAMPLED), DEFAULT_TRACE_STATE, context_api.Context,
+                          batches.SPAN_KEY, batches.BATCH_KEY, BATCH_KERNEL_CALLS, write_end, record_failure,
+                          _detach_failed)
+    _open_natively = core.native.open_batch
+
+
 class _BatchScope:
     """`forward_batch`'s context manager."""
 
@@ -328,7 +343,8 @@ def open_batch(members: list, name: str, attributes: "Mapping[str, Any] | None",
     """`forward_batch`'s span (with its request spans), opened for `members`,
     the batch's (span context or None, request id or None) pairs, and its
     context attached: an engine's integration calls this every step, without
-    a context manager's calls."""
+    a context manager's calls. An OpenBatch, or the compiled core's
+    `BatchScope` where the core opened it (the same `span` and `close`)."""
     tracer = kernel_tracer()
     current = _variable.get() if _variable is not None else context_api.get_current()
     batch_members = _members_of(members, rows)
@@ -336,8 +352,18 @@ def open_batch(members: list, name: str, attributes: "Mapping[str, Any] | None",
     links, parent, traced = batch_members.links, batch_members.parent, batch_members.traced
     if file_only(tracer, len(links)):  # the trace file alone: its records written straight (record/file_spans.py)
         around = parent or batches.current_span_context(current)
-        batch = FileSpan(name, around, batch_attributes, links,
-                         trace_id=_keyed_trace_id(batch_key) if batch_key is not None and not around[5] else None)
+        trace_id = _keyed_trace_id(batch_key) if batch_key is not None and not around[5] else None
+        if _open_natively is not None and not traced:
+            start = start_of(name, batch_attributes, links)
+            try:
+                opened = start and _open_natively(FileSpan, start, around if around[5] else None, trace_id, current,
+                                                  batch_members.published, end_later)
+            except Exception as exc:
+                warn_failed_once("a batch span in the compiled core", exc)
+                opened = None
+            if opened is not None:
+                return opened
+        batch = FileSpan(name, around, batch_attributes, links, trace_id=trace_id)
         if traced:
             batch_link = (Link(batch.get_span_context(), {BATCH_SIZE: len(batch_members.names)}),)
             request_spans = [FileSpan(f"{name}.request", span_context, {REQUEST_ID: request_id} if request_id else {},

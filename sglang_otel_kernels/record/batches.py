@@ -26,7 +26,8 @@ from ..schema import HAS_INF, HAS_NAN, HUNG, IN_FLIGHT, NONFINITE, NONFINITE_REQ
 
 # Request ids `sglang.kernel.nonfinite_requests` names at most (the first ones, in batch order).
 MAX_NONFINITE_REQUESTS = 256
-_KEY = context_api.create_key("sglang_otel_kernels.batch")
+# The key a context holds its batch under.
+BATCH_KEY = context_api.create_key("sglang_otel_kernels.batch")
 # The key OpenTelemetry keeps a context's current span under, as its own API sets it.
 (SPAN_KEY,) = trace.set_span_in_context(trace.INVALID_SPAN, context_api.Context()).keys()
 Request = TypeVar("Request", bound=tuple)
@@ -68,7 +69,7 @@ class Batch:
 def publish(batch: Batch, span: trace.Span, context: context_api.Context) -> context_api.Context:
     """`context` with `span` as its current span and `batch` as the batch its
     kernel calls run in: one copy of it, not one a value (every decode step)."""
-    return context_api.Context({**context, SPAN_KEY: span, _KEY: batch})
+    return context_api.Context({**context, SPAN_KEY: span, BATCH_KEY: batch})
 
 
 def current_span_context(context: context_api.Context) -> trace.SpanContext:
@@ -81,7 +82,7 @@ def current_span_context(context: context_api.Context) -> trace.SpanContext:
 
 def current() -> "Batch | None":
     """The batch the calling kernel runs in, if any."""
-    return context_api.get_value(_KEY)
+    return context_api.get_value(BATCH_KEY)
 
 
 def output_flagged(attributes) -> bool:

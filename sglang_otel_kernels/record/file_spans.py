@@ -29,6 +29,7 @@ from opentelemetry.trace import DEFAULT_TRACE_STATE, Link, SpanContext, SpanKind
 from .._version import __version__
 from ..notices import warn_failed_once
 from ..schema import TRACER_NAME
+from . import core
 from . import processor as _processor
 from .spans import exception_event
 
@@ -37,8 +38,8 @@ _SCOPE = (TRACER_NAME, __version__)
 _UNSET, _OK = StatusCode.UNSET.value, StatusCode.OK.value
 
 
-# The last FileSpan start's (name table, attributes, links, name, scope symbol, start_fields).
-_last_start: tuple = (None, None, None, None, 0, None)
+# The last start's (name table, attributes, links, name, start_of's answer).
+_last_start: tuple = (None, None, None, None, None)
 _verdict: tuple = (None, None, -1)  # (a tracer, its processors, the links its spans take straight; -1: none)
 
 
@@ -82,22 +83,69 @@ def _checked(attributes: "Mapping[str, Any] | None") -> dict:
     return dict(BoundedAttributes(attributes=attributes, immutable=False)) if attributes else {}
 
 
-class FileSpan(trace.Span):
+def start_of(name: str, attributes: dict, links: tuple) -> "tuple | None":
+    """What a start record in the current trace file holds beside its ids and
+    times: (the scope's symbol, flags, the name's symbol, attributes and links
+    as marshal data); None where no file is written."""
+    global _last_start
+    writer = _processor._current  # current_writer(), without a call: a batch span starts every step
+    if writer is None or writer.failed:
+        return None
+    # A batch span starts with the same name, attributes and links step after step: what they
+    # encode to is kept for the next (for this file's names: `symbols`, new in a new file).
+    last = _last_start
+    if last[0] is not writer.symbols or last[1] is not attributes or last[2] is not links or last[3] != name:
+        scope = writer.symbols.get(_SCOPE) or writer.symbol(_SCOPE)
+        last = _last_start = (writer.symbols, attributes, links, name,
+                              (scope, *_processor.start_fields(writer, attributes, links, name)))
+    return last[4]
+
+
+def write_end(span: "FileSpan", end: int) -> None:
+    """A FileSpan's end record (the compiled core writes the usual one itself)."""
+    writer = _processor._current
+    if writer is None or writer.failed:
+        return
+    try:
+        _processor.write_added_end(writer, span._context[1], end, span._status, span._description or "",
+                                   tuple(span._events), span._added)
+    except Exception as exc:
+        warn_failed_once("trace-file record", exc)
+
+
+class _SpanRecord:
+    """A FileSpan's fields and its end: the pure-Python core's `SpanRecord`."""
+
+    __slots__ = ("_context", "_added", "_events", "_description", "_status", "_ended")
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return not self._ended
+
+    def end(self, end_time: int | None = None) -> None:
+        if not self._ended:
+            self._ended = True
+            write_end(self, end_time or time_ns())
+
+
+class FileSpan(core.native.SpanRecord if core.native is not None else _SpanRecord, trace.Span):
     """A recording span whose start and end are trace-file records. Its
     attributes at the start are the caller's own, trusted and never changed
     (`forward_batch` builds them, and gives one batch's dict to the spans of
     many steps); those set later are checked as the SDK checks them, and its
-    end record holds just those."""
+    end record holds just those. The compiled core makes a batch's itself
+    (requests.py)."""
 
     def __init__(self, name: str, parent: "SpanContext | None", attributes: dict,
                  links: Sequence[Link] = (), kind: SpanKind = SpanKind.INTERNAL,
                  trace_id: "int | None" = None, _bits=random.getrandbits, _new=tuple.__new__) -> None:
         """`parent`: None or an invalid context for a root span, whose trace id
         is `trace_id` where it is given (a batch's, the same on every rank)."""
-        global _last_start
         state = DEFAULT_TRACE_STATE
         # A SpanContext is a tuple (trace id, span id, remote, flags, state, valid): read and
-        # made as one (its properties and its checks are Python calls, on a batch's every step).
+        # made as one (its properties and its checks are Python calls).
         if parent is not None and parent[5]:
             trace_id, state = parent[0], parent[4]
         else:
@@ -105,32 +153,18 @@ class FileSpan(trace.Span):
             if trace_id is None:
                 trace_id = _bits(128) or 1
         self._context = _new(SpanContext, (trace_id, _bits(64) or 1, False, _SAMPLED, state, True))
-        self._added: dict = {}
-        self._events: list = []
+        self._added = {}
+        self._events = []
         self._status, self._description = _UNSET, None
         self._ended = False
-        writer = _processor._current  # current_writer(), without a call: a batch span starts and ends every step
-        if writer is None or writer.failed:
-            return
         try:
             links = tuple(links)
-            # A batch span starts with the same name, attributes and links step after step: what
-            # they encode to is kept for the next (for this file's names: `symbols`, new in a new file).
-            last = _last_start
-            if last[0] is not writer.symbols or last[1] is not attributes or last[2] is not links or last[3] != name:
-                scope = writer.symbols.get(_SCOPE) or writer.symbol(_SCOPE)
-                fields = _processor.start_fields(writer, attributes, links, name)
-                last = _last_start = (writer.symbols, attributes, links, name, scope, fields)
-            _processor.write_start(writer, self._context, parent, attributes, links, name, last[4], time_ns(),
-                                   kind._value_, last[5])
+            start = start_of(name, attributes, links)
+            if start is not None:
+                _processor.write_start(_processor._current, self._context, parent, attributes, links, name, start[0],
+                                       time_ns(), kind._value_, start[1:])
         except Exception as exc:
             warn_failed_once("trace-file record", exc)
-
-    def get_span_context(self) -> SpanContext:
-        return self._context
-
-    def is_recording(self) -> bool:
-        return not self._ended
 
     def set_attribute(self, key: str, value: Any) -> None:
         if self._ended:
@@ -167,16 +201,3 @@ class FileSpan(trace.Span):
     def record_exception(self, exception: BaseException, attributes: "Mapping[str, Any] | None" = None,
                          timestamp: int | None = None, escaped: bool = False) -> None:
         self.add_event("exception", {**exception_event(exception), **(attributes or {})}, timestamp)
-
-    def end(self, end_time: int | None = None) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        writer = _processor._current  # current_writer(), without a call: a batch span starts and ends every step
-        if writer is None or writer.failed:
-            return
-        try:
-            _processor.write_added_end(writer, self._context[1], end_time or time_ns(), self._status,
-                                       self._description or "", tuple(self._events), self._added)
-        except Exception as exc:
-            warn_failed_once("trace-file record", exc)
