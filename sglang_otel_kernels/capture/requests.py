@@ -224,10 +224,11 @@ class _Members:
     decode steps run one batch of the same requests after another, and making
     these every step cost more than the span's records."""
 
-    __slots__ = ("key", "attributes", "links", "parent", "traced", "names", "counts", "published")
+    __slots__ = ("key", "rows", "attributes", "links", "parent", "traced", "names", "counts", "published")
 
     def __init__(self, key: tuple, members: list, counts: "tuple[int, ...] | None") -> None:
         self.key = key
+        self.rows = None if counts is None else list(counts)  # what a caller's list of them compares equal to
         request_ids, traced, names = [], [], []
         for position, member in enumerate(members):
             span_context, request_id = member
@@ -347,7 +348,11 @@ def open_batch(members: list, name: str, attributes: "Mapping[str, Any] | None",
     `BatchScope` where the core opened it (the same `span` and `close`)."""
     tracer = kernel_tracer()
     current = _variable.get() if _variable is not None else context_api.get_current()
-    batch_members = _members_of(members, rows)
+    batch_members = _recent
+    # The last batch's requests and rows (every decode step, the rows a new list of the same counts): no call.
+    if (batch_members is None or batch_members.key[0] != members
+            or (rows != batch_members.rows if type(rows) is list else rows is not None or batch_members.rows is not None)):
+        batch_members = _members_of(members, rows)
     batch_attributes = {**batch_members.attributes, **attributes} if attributes else batch_members.attributes
     links, parent, traced = batch_members.links, batch_members.parent, batch_members.traced
     if file_only(tracer, len(links)):  # the trace file alone: its records written straight (record/file_spans.py)
