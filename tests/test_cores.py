@@ -485,9 +485,11 @@ def test_the_compiled_core_opens_a_file_only_batch_itself(tmp_path, capsys):
     assert context_api.get_current() is before
     with pytest.raises(RuntimeError, match="closed twice"):
         opened.close(None)
-    inner = open_batch([(None, "a")], "inner", None, None, None, False)
-    contextvars.copy_context().run(inner.close, None)  # in another context: its token is not that one's
+    # Opened in another context (whose token this one's variable refuses), closed here.
+    inner = contextvars.copy_context().run(open_batch, [(None, "a")], "inner", None, None, None, False)
+    inner.close(None)
     assert "detaching a batch's context failed (ValueError" in capsys.readouterr().err
+    assert context_api.get_current() is before
     sok.configure(level=0)
     spans = {span.name: span for span in sok.read_trace(path)}
     assert spans["step"].attributes["sglang.batch.kernel_calls"] == 1 and not spans["step"].in_flight

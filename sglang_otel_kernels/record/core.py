@@ -8,7 +8,9 @@ into the same ring in the same layout; from level 3 also its arguments' and
 result's metadata (tensors, numbers, strings and None in C; any other value
 by the Python path's own function, for that value alone). Every other call
 (statistics, dumps, the text log, a kernel's or a thread's first call), and
-every record the writer makes itself, goes through Python as before. It also
+every record the writer makes itself, goes through Python as before. A
+serving engine's batch span of the trace file alone (capture/requests.py),
+opened every step, is also started, attached and ended here. It also
 holds SIGTERM's handler, which writes one line beside the trace file
 (record/setup.py says why not faulthandler's). Where the extension
 is missing, fails to load, or the interpreter runs without the GIL (the core

@@ -9,7 +9,8 @@ to produce the two records `FileSpan` writes itself (the processor's own
 `write_start`, and an end holding what the end adds, as a kernel call's).
 Where the provider has anything else to feed (an exporter, an application's
 processors, another sampler, limits), spans go through the SDK as before
-(`file_only`).
+(`file_only`). The compiled core starts and ends a batch's span of this
+kind itself (`FileSpan`'s fields and end are its `SpanRecord`'s there).
 """
 
 from __future__ import annotations
