@@ -491,6 +491,36 @@ static int split128(PyObject *value, uint64_t *hi, uint64_t *lo) {
     return 0;
 }
 
+/* A new random trace id: its halves, and it as an int (NULL: an error). */
+static PyObject *random_trace(uint64_t *hi, uint64_t *lo) {
+    *hi = random64();
+    *lo = random64();
+    if (!(*hi | *lo))
+        *lo = 1;
+    return int128(*hi, *lo);
+}
+
+/* A new span id: never 0, which stands for none. */
+static uint64_t random_span_id(void) {
+    uint64_t id = random64();
+    return id ? id : 1;
+}
+
+static void put_u64(unsigned char *at, uint64_t value) { memcpy(at, &value, 8); }
+
+/* What a start record (a span's, a kernel call's) begins with: its trace id,
+ * span id, parent id, start time, thread and name symbol (48 + 4 bytes). */
+static void put_span_head(unsigned char *record, uint64_t hi, uint64_t lo, uint64_t span_id, uint64_t parent_id,
+                          long long start, uint64_t ident, uint32_t symbol) {
+    put_u64(record, hi);
+    put_u64(record + 8, lo);
+    put_u64(record + 16, span_id);
+    put_u64(record + 24, parent_id);
+    put_u64(record + 32, (uint64_t)start);
+    put_u64(record + 40, ident);
+    memcpy(record + 48, &symbol, 4);
+}
+
 static PyObject *set_writer(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || (args[1] != Py_None && !PyObject_TypeCheck(args[1], &RingType))) {
         PyErr_SetString(PyExc_TypeError, "set_writer(writer or None, its Ring or None)");
@@ -1490,8 +1520,6 @@ static PyObject *prime_parent(PyObject *module, PyObject *parent) {
     Py_RETURN_NONE;
 }
 
-static void put_u64(unsigned char *at, uint64_t value) { memcpy(at, &value, 8); }
-
 /* A record into `ring`, inline, else through the writer's locked path. */
 static int write_record(PyObject *writer, Ring *ring, unsigned encoding, const unsigned char *payload, size_t n) {
     if (ring_copy(ring, encoding, payload, n))
@@ -1863,17 +1891,9 @@ static PyObject *open_batch(PyObject *module, PyObject *const *args, Py_ssize_t 
         trace = Py_NewRef(trace_id);
         if (split128(trace, &hi, &lo) < 0)
             goto fail;
-    } else {
-        hi = random64();
-        lo = random64();
-        if (!(hi | lo))
-            lo = 1;
-        if ((trace = int128(hi, lo)) == NULL)
-            goto fail;
-    }
-    uint64_t span_id = random64();
-    if (!span_id)
-        span_id = 1;
+    } else if ((trace = random_trace(&hi, &lo)) == NULL)
+        goto fail;
+    uint64_t span_id = random_span_id();
     /* The SpanContext, made as tuple.__new__(SpanContext, ...) (its __new__'s checks are Python). */
     if ((span_id_object = PyLong_FromUnsignedLongLong(span_id)) == NULL ||
         (items = PyTuple_Pack(6, trace, span_id_object, Py_False, batch.sampled, trace_state, Py_True)) == NULL)
@@ -1891,14 +1911,8 @@ static PyObject *open_batch(PyObject *module, PyObject *const *args, Py_ssize_t 
         goto fail;
     }
     {
-        uint32_t symbol32 = (uint32_t)symbol, scope32 = (uint32_t)scope;
-        put_u64(record, hi);
-        put_u64(record + 8, lo);
-        put_u64(record + 16, span_id);
-        put_u64(record + 24, parent_id);
-        put_u64(record + 32, (uint64_t)now_ns());
-        put_u64(record + 40, ident);
-        memcpy(record + 48, &symbol32, 4);
+        uint32_t scope32 = (uint32_t)scope;
+        put_span_head(record, hi, lo, span_id, parent_id, now_ns(), ident, (uint32_t)symbol);
         memcpy(record + 52, &scope32, 4);
         record[56] = 0; /* kind: internal */
         record[57] = (unsigned char)flags;
@@ -2107,14 +2121,8 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
             hi = core.trace_hi;
             lo = core.trace_lo;
             trace = Py_NewRef(core.last_trace);
-        } else {
-            hi = random64();
-            lo = random64();
-            if (!(hi | lo))
-                lo = 1;
-            if ((trace = int128(hi, lo)) == NULL)
-                goto slow;
-        }
+        } else if ((trace = random_trace(&hi, &lo)) == NULL)
+            goto slow;
     }
     if (self->replays != NULL) { /* last before numbering: Python's hooks take a replay this cannot */
         if (!replay_fields(self, args, nargsf, &extra, &seq))
@@ -2124,9 +2132,7 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
         extra = Py_NewRef(self->attributes);
     }
     flags |= core.span_flags | kind_flags;
-    uint64_t span_id = random64();
-    if (!span_id)
-        span_id = 1;
+    uint64_t span_id = random_span_id();
     if (!kind_flags)
         seq = ++core.seq;
     core.recorded++;
@@ -2141,14 +2147,7 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
         unsigned char *record = opening.data;
         uint64_t ident;
         ident = PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(state, 1));
-        uint32_t symbol32 = (uint32_t)symbol;
-        put_u64(record, hi);
-        put_u64(record + 8, lo);
-        put_u64(record + 16, span_id);
-        put_u64(record + 24, parent_id);
-        put_u64(record + 32, (uint64_t)start);
-        put_u64(record + 40, ident);
-        memcpy(record + 48, &symbol32, 4);
+        put_span_head(record, hi, lo, span_id, parent_id, start, ident, (uint32_t)symbol);
         record[52] = 0; /* kind: internal */
         record[53] = (unsigned char)flags;
         put_u64(record + 54, seq);
