@@ -1464,6 +1464,18 @@ static unsigned long site_symbol(Recorded *self) {
     return 0;
 }
 
+/* The parent root calls in `context` take: span `parent_id` (0: none, each
+ * call starts a trace) of trace `trace` (`hi`, `lo`), with `flags`. */
+static void keep_parent(PyObject *context, PyObject *trace, uint64_t hi, uint64_t lo, uint64_t parent_id,
+                        unsigned flags) {
+    Py_XSETREF(core.last_context, Py_NewRef(context));
+    Py_XSETREF(core.last_trace, parent_id ? Py_NewRef(trace) : NULL);
+    core.trace_hi = hi;
+    core.trace_lo = lo;
+    core.parent_id = parent_id;
+    core.parent_flags = flags;
+}
+
 /* Takes `parent`, parent_of's (context, trace id, parent id, flags), as
  * what a root call in that context is given (a borrowed reference). */
 static int use_parent(PyObject *parent) {
@@ -1476,12 +1488,7 @@ static int use_parent(PyObject *parent) {
     unsigned long flags = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(parent, 3));
     if (PyErr_Occurred() || split128(PyTuple_GET_ITEM(parent, 1), &hi, &lo) < 0)
         return -1;
-    Py_XSETREF(core.last_context, Py_NewRef(PyTuple_GET_ITEM(parent, 0)));
-    Py_XSETREF(core.last_trace, parent_id ? Py_NewRef(PyTuple_GET_ITEM(parent, 1)) : NULL);
-    core.trace_hi = hi;
-    core.trace_lo = lo;
-    core.parent_id = parent_id;
-    core.parent_flags = (unsigned)flags;
+    keep_parent(PyTuple_GET_ITEM(parent, 0), PyTuple_GET_ITEM(parent, 1), hi, lo, parent_id, (unsigned)flags);
     return 0;
 }
 
@@ -1943,12 +1950,7 @@ static PyObject *open_batch(PyObject *module, PyObject *const *args, Py_ssize_t 
     scope_object->token = token;
     token = NULL;
     /* The kernel calls about to run have it as their parent, without looking (as prime_parent). */
-    Py_XSETREF(core.last_context, Py_NewRef(published));
-    Py_XSETREF(core.last_trace, Py_NewRef(trace));
-    core.trace_hi = hi;
-    core.trace_lo = lo;
-    core.parent_id = span_id;
-    core.parent_flags = FLAG_SAMPLED | FLAG_PARENT_SAMPLED;
+    keep_parent(published, trace, hi, lo, span_id, FLAG_SAMPLED | FLAG_PARENT_SAMPLED);
     goto done;
 fail:
     Py_CLEAR(scope_object);
