@@ -223,8 +223,10 @@ def test_the_compiled_rings_records_are_the_python_writers_byte_for_byte(tmp_pat
 
 
 # What differs between two runs of one program: ids, times, pids, paths.
+# What differs between two runs of one program: ids, files, times and durations (a loaded machine
+# stretches them: `seconds_before_death` read 0.1 through one core and 0.0 through the other).
 _RUN_KEYS = {"trace_id", "span_id", "batch_span_id", "pid", "file", "files", "start", "duration_us", "seconds",
-             "total_us", "tracebacks", "request_traces", "job"}
+             "seconds_before_death", "total_us", "tracebacks", "request_traces", "job"}
 
 
 def _normalised(value):
