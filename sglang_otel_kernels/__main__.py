@@ -130,7 +130,7 @@ def _report(options) -> int:
     import json
 
     from .recover.digest import digest, merge_processes, read_digests
-    from .recover.report import build_report, render_text, uncaught_in
+    from .recover.report import build_report, render_text
 
     if options.last < 0:
         raise _Failure("--last must be 0 or more")
@@ -181,12 +181,8 @@ def _report(options) -> int:
             if item.summary or item.contents.metadata.get("format") not in ("OTLP JSON", "Jaeger")]
     if not ours and not dumps:
         raise _Failure(f"no kernel calls in {len(digests)} process(es) of the OTLP JSON files or Jaeger traces given")
-    report = build_report(ours, last=options.last, hang_seconds=options.hang_seconds)
-    if dumps:
-        from .recover.device_faults import join
-
-        report["device_faults"] = join(dumps, [item.contents for item in ours])
-    report["skipped_processes"] = len(digests) - len(ours)
+    report = build_report(ours, last=options.last, hang_seconds=options.hang_seconds, dumps=dumps,
+                          skipped=len(digests) - len(ours))
     contents = [item.contents for item in ours]
     if options.html:
         from .recover.html import render_html
@@ -201,11 +197,7 @@ def _report(options) -> int:
         print(json.dumps(report, indent=2, default=repr))
     else:
         sys.stdout.write(render_text(report))
-    suspects = any(verdict["suspects"] for verdict in report["cross_rank_jobs"])
-    faulted = any(fault["exception"] for fault in report["device_faults"])
-    if report["crashed"] or report["failed"] or report["failed_batches"] or suspects or faulted or uncaught_in(report):
-        return 1
-    return 3 if report["first_nonfinite_output"] else 0
+    return report["verdict"]["exit_status"]
 
 
 def _replay(options) -> int:
@@ -463,19 +455,22 @@ def build_parser() -> argparse.ArgumentParser:
         "how their processes ended: the kernel calls in flight at a crash with their inputs and requests,\n"
         "failed calls, the first NaN/Inf producer, the last calls, and a verdict over the ranks of a job;\n"
         "with CUDA core dumps (named, or cuda_coredump_* / *.nvcudmp in a directory), the device fault\n"
-        "each records, placed in the call or CUDA graph replay its process was running.",
-        "0 nothing found: no call in flight when a process died, none failed, no suspect rank, no\n"
-        "NaN/Inf producer (calls running in a live process are no crash); 1 calls in flight when a\n"
-        "process died, failed calls or batches, an exception no code caught, a suspect rank (a hang, a\n"
-        "mismatch), or a device fault; 2 bad usage, or an input that cannot be read (one line on\n"
-        "stderr); 3 a call made NaN/Inf from finite inputs\n"
-        "(level 5), nothing worse: a gate can tell numerics from crashes.")
+        "each records, placed in the call or CUDA graph replay its process was running. The first line\n"
+        "says what happened; --json's verdict, --html's banner and the exit status say the same.",
+        "0 nothing found: no process died, none failed or hangs, no NaN/Inf producer (calls running\n"
+        "in a live process under the hang threshold are no crash); 1 a process died (in a call, in a\n"
+        "batch, or idle), failed calls or batches, an exception no code caught, a hang (a collective, a\n"
+        "call or a frozen process past --hang-seconds), a mismatch across ranks, or a device fault;\n"
+        "2 bad usage, or an input that cannot be read (one line on stderr);\n"
+        "3 a call made NaN/Inf from finite inputs (level 5), nothing worse: a gate can tell numerics\n"
+        "from crashes.")
     report.add_argument("paths", nargs="*", metavar="PATH",
                         help="trace files (one per rank merge by time), OTLP JSON files, CUDA core dumps, or "
                              "directories of them")
     report.add_argument("--last", type=int, default=10, metavar="N", help="completed calls to list (default 10)")
     report.add_argument("--hang-seconds", type=float, default=_default_hang_seconds(), metavar="S",
-                        help="in a live job, a collective waited on this long is a hang (default: "
+                        help="in a live process, a collective waited on, a call running, or a frozen heartbeat "
+                             "this long is a hang (default: "
                              "SGLANG_KERNEL_API_HANG_SECONDS, else 60; in a dead job every wait counts)")
     report.add_argument("--jaeger", metavar="URL",
                         help="also (or instead) read the spans Jaeger holds: its address, e.g. "

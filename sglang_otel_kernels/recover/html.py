@@ -17,11 +17,10 @@ import time
 from typing import Any
 
 from ..schema import COLLECTIVE_OP
-from .batch_failures import at_death_words, failure_sentence, uncaught_sentence
 from .ranks import ending_text
 from .reader import RecoveredSpan, TraceFileContents
-from .report import (batch_lines, build_report, call_lines, call_summary, fault_lines, is_kernel, nonfinite_sentence,
-                     produced_nonfinite, render_text, uncaught_in)
+from .report import (batch_lines, build_report, call_lines, call_summary, fault_lines, is_kernel, produced_nonfinite,
+                     render_text)
 
 MAX_CALLS_PER_TRACK = 200  # the newest calls of each thread: what happened just before the end
 
@@ -120,8 +119,15 @@ def _newest_by_thread(content: TraceFileContents) -> dict[Any, list[RecoveredSpa
     return {name: spans[-MAX_CALLS_PER_TRACK:] for name, spans in tracks.items()}
 
 
+# The page's colour and word for each kind of verdict (recover/verdict.py).
+_CLASSES = {"crashed": "crashed", "hung": "crashed", "mismatch": "crashed", "died": "failed", "failed": "failed",
+            "nonfinite": "nonfinite", "waiting": "waiting", "clean": "clean"}
+_LABELS = {"crashed": "CRASHED: ", "hung": "HUNG: ", "mismatch": "MISMATCH: ", "died": "DIED: ", "failed": "FAILED: ",
+           "nonfinite": "NaN/Inf: "}
+
+
 def _verdict_class(verdict: dict[str, Any]) -> str:
-    return "crashed" if verdict["suspects"] else "waiting" if verdict.get("waiting_for") else "clean"
+    return "crashed" if verdict["suspects"] else "waiting" if verdict.get("waiting_for") or verdict.get("slow") else "clean"
 
 
 def _rank_lanes(report: dict[str, Any], contents: list[TraceFileContents], axis: tuple[int, int], first_bad,
@@ -158,34 +164,9 @@ def render_html(contents: list[TraceFileContents], report: dict[str, Any] | None
     # The first producer of NaN/Inf across the files, as the report finds it.
     first_bad = min(((s.start_time, s.span_id) for c in contents for s in c.spans
                      if is_kernel(s) and produced_nonfinite(s)), default=(0, None))[1]
-    suspects = sum(len(job["suspects"]) for job in report.get("cross_rank_jobs") or ())
     at_death = report.get("batches_at_death") or []
-    if report["crashed"] and not any(call["in_flight_in_dead_process"] for call in report["in_flight"]) and at_death:
-        batch = at_death[0]
-        verdict = ("crashed", f"CRASHED: the process died {at_death_words(batch['name'], batch['request_ids'], batch.get('stage'))}"
-                   ", between kernel calls")
-    elif report["crashed"]:
-        endings = {info.get("fatal_signal") for info in report["files"] if info.get("state") == "died"}
-        verdict = ("crashed", "CRASHED: a kernel call was running when the process died"
-                   + (ending_text(endings.pop()) if len(endings) == 1 else ""))
-    elif report.get("graph_replay_at_death"):
-        # Not a crash for certain: a server stopped by SIGKILL after its last decode step looks the same.
-        verdict = ("failed", "died after a CUDA graph replay: its kernels may have been running on the GPU")
-    elif report.get("failed_batches"):
-        verdict = ("failed", "FAILED: the " + failure_sentence(report["failed_batches"][0]))
-    elif suspects:
-        verdict = ("crashed", f"{suspects} suspect rank(s): see the verdict of the ranks below")
-    elif report["failed"]:
-        verdict = ("failed", f"{len(report['failed'])} failed call(s)")
-    elif errors := uncaught_in(report):
-        verdict = ("failed", "FAILED: " + uncaught_sentence(errors[-1]))
-    elif any(job.get("waiting_for") for job in report.get("cross_rank_jobs") or ()):
-        # Not a hang yet, never "no crash": who everyone waits for, and since when.
-        verdict = ("waiting", next(job["verdict"] for job in report["cross_rank_jobs"] if job.get("waiting_for")))
-    elif report["first_nonfinite_output"]:
-        verdict = ("nonfinite", "NaN/Inf: " + nonfinite_sentence(report["first_nonfinite_output"]))
-    else:
-        verdict = ("clean", "no crash, no failure")
+    decided = report["verdict"]
+    verdict = (_CLASSES[decided["kind"]], _LABELS.get(decided["kind"], "") + decided["headline"])
     calls: list[str] = []
     sections = []
     newest_of = {content.path: _newest_by_thread(content) for content in contents}

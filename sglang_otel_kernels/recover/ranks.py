@@ -586,6 +586,14 @@ class _Verdict:
                 add((5, span.start_time), rank, "deadlock", span,
                     f"rank {rank_number} waits in {_op_text(span)} for {_ranks_text(missing)}, "
                     f"which {'waits' if len(missing) == 1 else 'wait'} in turn (a deadlock)")
+        # 4b. Hung on its own: a live rank in a call past the threshold, or frozen that long (a
+        # single-rank server has no collective to wait in; its hang is a call or a stopped heartbeat).
+        for rank in self.ranks.values():
+            hung = self._hung_alone(rank)
+            if hung is not None:
+                call, words = hung
+                add((4.5, call.start_time if call is not None else rank.contents.heartbeat), rank, "hung", call,
+                    f"rank {rank.rank} {words}")
         # 6. Died or raised inside a collective that nothing else explains; died
         # while a batch ran, between kernel calls (the engine's own Python).
         if not found:
@@ -605,12 +613,63 @@ class _Verdict:
                         f"rank {rank.rank} died{ending_text(rank.contents.fatal_signal)} "
                         f"{at_death_words(batch.name, request_ids(batch), stage_of(batch))} "
                         f"(running {_seconds_text(rank.seconds(batch))}, between kernel calls)")
+                elif rank.state == "died" and not rank.in_flight:
+                    # Killed idle (the OOM killer, a kill -9): a death all the same, of no request.
+                    add((7, rank.contents.last_alive), rank, "died_idle", None,
+                        f"rank {rank.rank} {idle_death_words(rank)}")
         suspects, seen = [], set()
         for _, suspect in sorted(found, key=lambda item: item[0]):
             if suspect["rank"] not in seen:
                 seen.add(suspect["rank"])
                 suspects.append(suspect)
         return suspects
+
+    def _hung_alone(self, rank: RankFile) -> "tuple[RecoveredSpan | None, str] | None":
+        """(its call in flight or None, words) for a live rank hung on its own:
+        in a call that is no collective past the threshold, or frozen (its
+        heartbeat stopped) that long; None otherwise."""
+        if not rank.contents.live or any(OP in s.attributes for s in rank.in_flight):
+            return None  # one in a collective is judged with its group (a victim, or the one others wait for)
+        call = rank.innermost([s for s in rank.in_flight if OP not in s.attributes])
+        frozen = rank.state == "frozen" and (rank.now - rank.contents.heartbeat) / 1e9 >= self.hang_seconds
+        if call is not None and (frozen or rank.seconds(call) >= self.hang_seconds):
+            return call, (f"is stuck in {call.name} (running {_seconds_text(rank.seconds(call))}, past the "
+                          f"{self.hang_seconds:g} s that makes a hang{self._frozen_words(rank)}){self._serving(rank)}")
+        if frozen:
+            return None, f"is {self._frozen(rank)}, past the {self.hang_seconds:g} s that makes a hang{self._serving(rank)}"
+        return None
+
+    def _frozen_words(self, rank: RankFile) -> str:
+        return f"; {self._frozen(rank)}" if rank.state == "frozen" else ""
+
+    @staticmethod
+    def _serving(rank: RankFile) -> str:
+        """`, while its batch sglang.forward_batch served request c-long`, or nothing."""
+        batch = rank.innermost(rank.batches_in_flight)
+        return f", {at_death_words(batch.name, request_ids(batch), stage_of(batch))}" if batch is not None else ""
+
+    def slow(self) -> dict | None:
+        """Under the threshold of a hang, in a live job: the rank longest in
+        a call that is no collective, or frozen, for at least a twentieth of
+        the threshold (a second at least); None when none is. What a hang
+        looks like before it is one: never "no suspect"."""
+        least = max(1.0, self.hang_seconds / 20)
+        found = None
+        for rank in self.ranks.values():
+            if (not rank.contents.live or self._hung_alone(rank) is not None
+                    or any(OP in s.attributes for s in rank.in_flight)):
+                continue
+            call = rank.innermost([s for s in rank.in_flight if OP not in s.attributes])
+            seconds = max(rank.seconds(call) if call is not None else 0.0,
+                          (rank.now - rank.contents.heartbeat) / 1e9 if rank.state == "frozen" else 0.0)
+            if seconds >= least and (found is None or seconds > found["seconds"]):
+                found = {"rank": rank.rank, "seconds": round(seconds, 1), "call": call.name if call else None,
+                         "frozen": rank.state == "frozen", "hang_at": self.hang_seconds,
+                         "words": (f"rank {rank.rank} " + (f"has been in {call.name} for {_seconds_text(seconds)}"
+                                                           f"{self._frozen_words(rank)}" if call is not None else
+                                                           f"is {self._frozen(rank)}")
+                                   + f"{self._serving(rank)}; a hang at {self.hang_seconds:g} s")}
+        return found
 
     # -- the verdict -------------------------------------------------------
 
@@ -647,6 +706,9 @@ class _Verdict:
         shown = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
         absent = f"; no file for {_ranks_text(self.missing_ranks)}" if self.missing_ranks else ""
         laggard = self.waiting_for()
+        slow = self.slow() if laggard is None else None
+        if slow is not None:
+            return slow["words"] + absent
         if laggard is not None:
             waiters = laggard["waiting"]
             where = f"{laggard['op']} #{laggard['seq']}" + (f" of group {laggard['group']}" if laggard["group"] else "")
@@ -687,6 +749,7 @@ class _Verdict:
             })
         return {"job": job, "verdict": self.sentence(), "hang_seconds": self.hang_seconds, "ranks": ranks,
                 "world_size": self.world, "missing_ranks": self.missing_ranks, "waiting_for": self.waiting_for(),
+                "slow": self.slow(),
                 "collectives": self.collectives,
                 "mismatches": [{k: v for k, v in m.items() if k != "time"} for m in self.mismatches],
                 "suspects": self.suspects}
@@ -700,6 +763,17 @@ def cross_rank(contents: list[TraceFileContents], hang_seconds: float, now: int 
         verdicts.append(_Verdict(files, hang_seconds, now).as_dict(_job_key(files[0])))
     verdicts.sort(key=lambda v: not v["suspects"])
     return verdicts
+
+
+def idle_death_words(rank: "RankFile") -> str:
+    """`died at 12:00:03.120000 with no kernel call or batch running (no fatal
+    signal recorded: killed from outside), 20 s after its last call ended`."""
+    contents = rank.contents
+    last = max((s.end_time or 0 for s in rank.kernels), default=0)
+    after = f", {_seconds_text(max(contents.last_alive - last, 0) / 1e9)} after its last kernel call ended" if last else ""
+    how = (f" ({contents.fatal_signal} recorded)" if contents.fatal_signal else
+           " (no fatal signal recorded: killed from outside)" if contents.fatal_signal == "" else "")
+    return (f"died at {timestamp(contents.last_alive, date=False)} with no kernel call or batch running{how}{after}")
 
 
 def ending_text(signal: str | None, stop: str | None = None) -> str:

@@ -23,6 +23,7 @@ import marshal
 import mmap
 import operator
 import os
+import re
 import struct
 import zlib
 from typing import Any, Iterable
@@ -139,7 +140,8 @@ def death(path: str, alive: int, spans: Iterable[RecoveredSpan]) -> tuple[int, s
     alive at `alive`, died, from faulthandler's traceback beside it: (0, "")
     when it recorded none. Said on each of `spans` in flight too
     (FATAL_SIGNAL), for what is exported of them."""
-    died = death_time(path, alive)
+    spans = list(spans)
+    died = death_time(path, alive, {span.thread_id for span in spans})
     signal = fatal_signal(path) if died else ""
     for span in spans:
         if span.in_flight:
@@ -185,13 +187,16 @@ def fatal_signal(path: str) -> str:
     return _FATAL_WORDS.get(words, "a fatal signal")
 
 
-def death_time(path: str, alive: int) -> int:
+def death_time(path: str, alive: int, threads: "set[int] | frozenset[int]" = frozenset()) -> int:
     """When the writer of the trace file at `path` died of a fatal signal
     (ns; 0: unknown): the time faulthandler wrote its traceback beside the
     file. A call in flight runs until then, often well after its start
     record, the newest. That time is believed only within two heartbeats
-    after `alive`, the last sign of life: a traceback copied or touched
-    later says nothing of the death."""
+    after `alive`, the last sign of life. Files copied off the node (`cp`
+    without -p, `kubectl cp`, `scp`, a tar of whole seconds) lose that time:
+    a fatal error's dump that names one of `threads` (the file's, by their
+    ident, as faulthandler prints them) is tied to the file by what it says,
+    and the death is then dated at the last sign of life."""
     try:
         fd = open_regular(fmt.traceback_path(path))
     except TraceFileError:
@@ -204,7 +209,25 @@ def death_time(path: str, alive: int) -> int:
     # A file's times come from the kernel's coarse clock, a tick (up to 10 ms) behind the records' clock.
     if stat.st_size and alive - _COARSE_CLOCK_NS < written <= alive + int(2e9 * fmt.HEARTBEAT_S):
         return max(written, alive)
+    if stat.st_size and threads and _fatal_dump_of(path, threads):
+        return alive
     return 0
+
+
+# faulthandler's head of each thread's stack: `Current thread 0x00007f3a... (most recent call first):`.
+_DUMPED_THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-f]{1,16}) ", re.MULTILINE)
+
+
+def _fatal_dump_of(path: str, threads: "set[int] | frozenset[int]") -> bool:
+    """Whether the traceback file of the trace file at `path` holds a fatal
+    error's dump (faulthandler's, written as the process died: nothing runs
+    after it) naming one of `threads`. A SIGTERM's lines do not count: an
+    application's handler may have kept the process running after them."""
+    text = read_text(fmt.traceback_path(path), limit=1 << 16)
+    if "Fatal Python error: " not in text:
+        return False
+    dump = text.rsplit("Fatal Python error: ", 1)[-1]
+    return any(int(ident, 16) in threads for ident in _DUMPED_THREAD.findall(dump))
 
 
 _COARSE_CLOCK_NS = 10_000_000

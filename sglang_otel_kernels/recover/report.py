@@ -13,13 +13,14 @@ from ..record.tracefile import traceback_path
 from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE,
                       GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, MODULE, NAME, NONFINITE_REQUESTS, OP_CLASS, PREFIX,
                       REPLAY_NAME, REQUEST_ID, SEQ)
-from .batch_failures import (after_failure, after_failure_text, at_death_words, batch_summary, failure_sentence,
-                             frames_text, is_batch, requests_text, uncaught, uncaught_sentence)
+from .batch_failures import (after_failure, after_failure_text, batch_summary, frames_text, is_batch, requests_text,
+                             uncaught, uncaught_sentence)
 from .digest import Digest, add_counts, digest, produced_nonfinite
 from .ranks import cross_rank, ending_text, rank_of, state_of, stop_reason, timestamp
 from .ranks import render as render_verdict
-from .reader import RecoveredSpan, TraceFileContents, read_text, where_written
+from .reader import RecoveredSpan, TraceFileContents, read_text
 from .stacks import tidy_stacks
+from .verdict import decide, layer_text, process_text
 
 OUTPUT_PREFIX = PREFIX + "output"  # `sglang.kernel.output.shape`, `sglang.kernel.output.0.shape`
 STATES = {"UNSET": "ok", "OK": "ok", "ERROR": "error"}  # a span's status, as the report words it
@@ -177,16 +178,20 @@ GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON an
 
 # The version of `report --json`'s document (docs/report-json.md): raised
 # with each change a reader of the JSON must know of, with the package's.
-REPORT_SCHEMA = 4
+REPORT_SCHEMA = 5
 
 
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
-                 hang_seconds: float = DEFAULT_HANG_SECONDS, now: int | None = None) -> dict[str, Any]:
+                 hang_seconds: float = DEFAULT_HANG_SECONDS, now: int | None = None,
+                 dumps: "list | None" = None, skipped: int = 0) -> dict[str, Any]:
     """The report of the files of one or several processes (`render_text`,
     or JSON), from their contents or their digests (recover/digest.py, what
-    `report` reads in parallel). With ranked files, `cross_rank` is the
-    verdict of a job's ranks (`recover/ranks.py`; the job with a suspect
-    first) and `cross_rank_jobs` every job's, when the files hold several."""
+    `report` reads in parallel), with the device faults of CUDA core `dumps`
+    read beside them placed in their calls. With ranked files, `cross_rank`
+    is the verdict of a job's ranks (`recover/ranks.py`; the job with a
+    suspect first) and `cross_rank_jobs` every job's, when the files hold
+    several. `verdict` is what happened, decided once (recover/verdict.py):
+    every output renders it."""
     now = time.time_ns() if now is None else now
     digests = [item if isinstance(item, Digest) else digest(item, last) for item in files]
     contents = [item.contents for item in digests]
@@ -239,13 +244,19 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
         if text:
             tracebacks[content.path] = text
     jobs = cross_rank(contents, hang_seconds, now)
-    return {
+    faults = []
+    if dumps:
+        from .device_faults import join
+
+        faults = join(dumps, contents)
+    report = {
         "schema": REPORT_SCHEMA,
         "cross_rank": jobs[0] if jobs else None,
         "cross_rank_jobs": jobs,
         "files": [
             {"path": c.path, "format_version": c.format_version, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"), "running": c.live,
              "state": state, "fatal_signal": c.fatal_signal if state in ("died", "stopped") else None,
+             "ended_at": None if c.live else timestamp(c.last_alive),
              "stop_reason": stop_reason(c) if state == "stopped" else None,
              "after_failure": after_failure(c),
              "uncaught": uncaught(c),
@@ -269,8 +280,12 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
             {"name": s.name, **process_of(f), "start": timestamp(s.start_time), "trace_id": f"{s.trace_id:032x}"}
             for s, f in sorted(other_in_flight, key=by_start)
         ],
-        "device_faults": [],  # from CUDA core dumps given beside the files (recover/device_faults.py)
+        "device_faults": faults,  # from CUDA core dumps given beside the files (recover/device_faults.py)
+        "skipped_processes": skipped,
+        "hang_seconds": hang_seconds,
     }
+    report["verdict"] = decide(report)
+    return report
 
 
 def uncaught_in(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -309,18 +324,6 @@ def replay_at_death(contents: TraceFileContents) -> RecoveredSpan | None:
 
 def _ranks(value: Any) -> dict[str, str]:
     return {str(key): str(rank) for key, rank in value.items()} if isinstance(value, dict) else {}
-
-
-def process_text(call: dict[str, Any]) -> str:
-    """`rank 2, pid 4242, trace_4242.sgltrace`: where a call ran."""
-    rank = f"rank {call['rank']}, " if call.get("rank") is not None else ""
-    return rank + where_written(call.get("pid"), call.get("file"))
-
-
-def layer_text(call: dict[str, Any]) -> str:
-    """`module model.layers.1.mlp.down_proj, op RMSNorm`: which layer and op a call was, where known."""
-    return ", ".join(f"{label} {call[key]}" for label, key in (("module", "module"), ("op", "op_class"))
-                     if call.get(key))
 
 
 def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
@@ -408,36 +411,12 @@ def fault_lines(fault: dict[str, Any]) -> list[str]:
     return lines
 
 
-def nonfinite_sentence(call: dict[str, Any]) -> str:
-    """`the first NaN/Inf from finite inputs came out of <call>, module m, in the rows of request nan-1 (rank 0, ...)`:
-    the headline of a report whose worst finding is numerics (exit status 3)."""
-    parts = [f"the first NaN/Inf from finite inputs came out of {call['name']}", layer_text(call)]
-    requests = call.get("requests") or {}
-    if ids := requests.get("request_ids"):
-        parts.append(f"in the rows of {requests_text(ids)}" if requests.get("nonfinite_rows") else
-                     f"in a batch serving {requests_text(ids)}")
-    return ", ".join(filter(None, parts)) + f" ({process_text(call)})"
-
-
 def render_text(report: dict[str, Any]) -> str:
-    out: list[str] = []
-    verdicts = report.get("cross_rank_jobs") or ()
-    if not any(verdict["suspects"] for verdict in verdicts):  # else the verdict's sentence says it first
-        batches = report.get("batches_at_death") or []
-        if batches:
-            batch = batches[0]
-            out.append(f"the process died {at_death_words(batch['name'], batch['request_ids'], batch.get('stage'))}"
-                       f" (running {batch['seconds']} s)")
-        elif report.get("failed_batches"):
-            out.append("the " + failure_sentence(report["failed_batches"][0]))
-        elif not report["in_flight"] and (errors := uncaught_in(report)):
-            out.append(uncaught_sentence(errors[-1]))
-        elif report["first_nonfinite_output"] and not report["crashed"] and not report["failed"]:
-            out.append(nonfinite_sentence(report["first_nonfinite_output"]))
-        if out:
-            out.append("")
-    for verdict in verdicts:  # the sentence that says it comes first
-        out.extend(render_verdict(verdict))
+    headline = report["verdict"]["headline"]
+    out: list[str] = [headline, ""]
+    for number, verdict in enumerate(report.get("cross_rank_jobs") or ()):
+        lines = render_verdict(verdict)
+        out.extend(lines[1:] if number == 0 and lines[0] == headline else lines)  # the headline is said once
         out.append("")
     for info in report["files"]:
         ranks = ", ".join(f"{k}={v}" for k, v in info["ranks"].items()) or "no rank"

@@ -34,6 +34,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from .._version import __version__
 from ..record.export_errors import export_batch
 from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, NAME, TRACER_NAME
+from .batch_failures import is_batch
 from .follow import RingFollower
 from .ranks import cross_rank, timestamp
 from .reader import Assembler, TraceFileContents, TraceFileError, note_death, read_heartbeat, writer_alive
@@ -82,7 +83,8 @@ class LiveFile:
         assembler = self.assembler
         kept = {span.span_id: span for span in (*self.calls, *self.failed,
                                                  *(span for group in self.groups.values() for span in group))}
-        kept.update((span.span_id, span) for span in assembler.in_flight() if NAME in span.attributes)
+        # The calls in flight, and the batches: a death between kernel calls is one in a batch.
+        kept.update((span.span_id, span) for span in assembler.in_flight() if NAME in span.attributes or is_batch(span))
         metadata = dict(self.follower.metadata)
         if assembler.identity:
             metadata["ranks"] = {**(metadata.get("ranks") if isinstance(metadata.get("ranks"), dict) else {}),
@@ -112,9 +114,10 @@ def trace_files(paths: list[str]) -> list[str]:
 
 def _key(verdict: dict) -> tuple:
     """What makes a verdict new: its suspects, who the others wait for, which ranks have no file."""
-    waiting = verdict.get("waiting_for")
+    waiting, slow = verdict.get("waiting_for"), verdict.get("slow")
     return (tuple((s["rank"], s["reason"], s["call"]) for s in verdict["suspects"]),
-            tuple(waiting["ranks"]) if waiting else (), tuple(verdict.get("missing_ranks") or ()))
+            tuple(waiting["ranks"]) if waiting else (), tuple(verdict.get("missing_ranks") or ()),
+            (slow["rank"], slow["call"], slow["frozen"]) if slow else ())
 
 
 def verdict_span(verdict: dict, contents: list[TraceFileContents], now: int, resource: Resource,
@@ -154,6 +157,13 @@ def verdict_span(verdict: dict, contents: list[TraceFileContents], now: int, res
         seconds = float(waiting["seconds"])
         attributes.update({"sglang.verdict.rank": waiting["ranks"][0], "sglang.verdict.reason": "waited_for",
                            "sglang.verdict.seconds": seconds})
+    elif verdict.get("slow"):  # in a call, or frozen, for long: not a hang yet
+        slow = verdict["slow"]
+        seconds = float(slow["seconds"])
+        attributes.update({"sglang.verdict.rank": slow["rank"], "sglang.verdict.reason": "slow",
+                           "sglang.verdict.seconds": seconds})
+        if slow["call"] is not None:
+            attributes["sglang.verdict.call"] = slow["call"]
     else:
         attributes["sglang.verdict.reason"] = "none"
     start = now - int(seconds * 1e9) if seconds else since if since is not None and since < now else now - 1000
