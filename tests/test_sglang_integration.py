@@ -6,6 +6,7 @@ modules that import it (a layer, a custom op, a quant method, a scheduler)."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -167,6 +168,59 @@ def test_batches_attach_kernels_to_sglangs_request_traces(sglang_tree, tmp_path)
     # Each request's trace holds a span that links back to the batch.
     requests = by_name["sglang.forward_batch.request"]
     assert sorted((r.trace_id, r.parent_span_id) for r in requests) == roots
+
+
+# SGLang's overlap loop (Scheduler.event_loop_overlap, its default): a batch's results are processed
+# a step later, from a copy of the batch (ScheduleBatch.copy) that shares its out_cache_loc.
+OVERLAP_SCHEDULER = SCHEDULER + '''
+
+def process_batch_result(self, batch, result):
+    return result
+
+
+def event_loop_overlap(self, batches):
+    queue = []
+    for batch in [*batches, None]:  # None: the server idle, its last batch's results processed then
+        if batch is not None:
+            result = self.run_batch(batch)
+            queue.append((types.SimpleNamespace(reqs=batch.reqs[:], out_cache_loc=batch.out_cache_loc), result))
+        if len(queue) > (batch is not None):
+            self.process_batch_result(*queue.pop(0))
+
+
+Scheduler.process_batch_result = process_batch_result
+Scheduler.event_loop_overlap = event_loop_overlap
+'''
+
+
+def test_an_overlapped_schedulers_last_batch_ends_and_an_idle_kill_blames_no_request(sglang_tree, tmp_path):
+    """On SGLang's real server a scheduler killed idle, seconds after its
+    last request returned, was said to have died serving that request: the
+    overlap loop processes a copy of each batch, and the last batch's span
+    never ended."""
+    tree, _ = sglang_tree
+    overlapped = tmp_path / "tree"
+    shutil.copytree(tree, overlapped)
+    (overlapped / "sglang/srt/managers/scheduler.py").write_text(OVERLAP_SCHEDULER)
+    proc = launch(overlapped, tmp_path, """
+        import os, signal, torch, types
+        from sglang.srt.managers import scheduler
+        import sglang_otel_kernels as sok
+        batches = [types.SimpleNamespace(reqs=[scheduler.request(f"done-ok-{i}", torch.ones(1, 4), None)],
+                                         out_cache_loc=torch.zeros(1)) for i in range(3)]
+        scheduler.Scheduler().event_loop_overlap(batches)
+        print(sok.trace_file_path(), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # idle: the OOM killer
+    """, "--level", "1")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    path = proc.stdout.strip().splitlines()[-1]
+    batches = [span for span in sok.read_trace(path) if span.name == "sglang.forward_batch"]
+    assert len(batches) == 3 and not any(span.in_flight for span in batches), batches
+    text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", path], capture_output=True,
+                          text=True, timeout=120, env=clean_env())
+    assert text.returncode == 1, text.stdout + text.stderr
+    first = text.stdout.splitlines()[0]
+    assert "died" in first and "with no kernel call or batch running" in first and "done-ok" not in first, first
 
 
 def test_a_scheduler_that_fails_to_start_is_a_failure(sglang_tree, tmp_path):

@@ -4,7 +4,7 @@ user starts it: `sglang-otel-kernels run -- python -m sglang.launch_server
 dependencies, kept outside the checkout), serving a tiny Llama made offline
 (tests/tiny_llama.py). Nothing here is a stand-in: SGLang's tokenizer,
 scheduler and model runner run, and are crashed, poisoned, killed and
-stopped as they are in production. Five server starts:
+stopped as they are in production. The server is started for:
 
 - an out-of-vocabulary token (IndexError in the embedding lookup; on a GPU a
   device-side assert), with SGLang's own request tracing and the package's
@@ -13,7 +13,9 @@ stopped as they are in production. Five server starts:
   scheduler mid-request (the OOM killer's way);
 - SIGTERM to every process of the server (systemd's way), and to its
   launcher alone;
-- `--tp 2`, which fails to start on the CPU.
+- `--tp 2`, which fails to start on the CPU;
+- the scheduler frozen, resumed, then killed idle, and a server started
+  again over the same directory.
 """
 
 import json
@@ -487,3 +489,54 @@ def test_server_stopped_with_sigterm_reads_as_stopped(sglang_python, models, tmp
         assert "rank 0: stopped (told to stop: SGLang's ShutdownReq from its launcher)" in text.stdout, text.stdout
         assert states[processes["launcher"]] == ("stopped", "SIGTERM, taken by SGLang's handler", None), states
     assert all(state == "stopped" for state, _, _ in states.values()), states
+
+
+def test_frozen_then_killed_idle_then_restarted_over_the_same_directory(sglang_python, models, tmp_path):
+    """What an on-call engineer meets most, each read the same by the text,
+    the JSON and the exit status: the scheduler frozen (SIGSTOP) is a hang
+    on its one rank, and healthy again once it resumes; killed idle (the
+    OOM killer, seconds after its last request returned 200) it died
+    serving no request; a new server started over the directory leads the
+    report, the old death dated behind it."""
+
+    def verdict(*args: str) -> "tuple[int, str, dict]":
+        text, document = report(*args, str(tmp_path)), report("--json", *args, str(tmp_path))
+        found = json.loads(document.stdout)["verdict"]
+        assert text.returncode == document.returncode == found["exit_status"], (text.stdout, found)
+        return text.returncode, text.stdout.splitlines()[0], found
+
+    server = Server(sglang_python, tmp_path, models["dummy"], 1, dummy=True)
+    try:
+        status, answer = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 4},
+                                          "rid": "done-ok-1"})
+        assert status == 200, answer
+        scheduler = server.pids()["sglang::scheduler"]
+        os.kill(scheduler, signal.SIGSTOP)
+        time.sleep(8)  # past the 5 s that make a heartbeat stale, and the threshold below
+        status, first, found = verdict("--hang-seconds", "6")
+        assert status == 1 and found["kind"] == "hung", first
+        assert first.startswith("rank 0 is frozen: its heartbeat stopped at "), first
+        os.kill(scheduler, signal.SIGCONT)
+        resumed = wait("the scheduler's heartbeat back", lambda: (lambda seen: seen if seen[0] == 0 else None)(
+            verdict("--hang-seconds", "6")), timeout=60)
+        assert resumed[2]["kind"] == "clean" and resumed[1].startswith("no suspect: 1 ranks (1 running)"), resumed
+        time.sleep(3)  # idle since the request returned
+        os.kill(scheduler, signal.SIGKILL)
+        server.wait_gone(scheduler)
+    finally:
+        server.close()
+    status, first, found = verdict()
+    assert status == 1 and found["kind"] == "died", first
+    assert first.startswith("rank 0 died at ") and "with no kernel call or batch running" in first, first
+    assert "done-ok-1" not in first, first
+    document = json.loads(report("--json", str(tmp_path)).stdout)
+    assert document["batches_at_death"] == [] and not document["crashed"], document["batches_at_death"]
+    assert not any(span["name"] == "sglang.forward_batch" for span in document["in_flight_other_spans"])
+
+    again = Server(sglang_python, tmp_path, models["dummy"], 1, dummy=True)
+    try:
+        status, first, found = verdict()
+        assert status == 1 and found["kind"] == "died", first
+        assert " running; an earlier process, gone since 20" in first and ": rank 0 died at " in first, first
+    finally:
+        again.close()

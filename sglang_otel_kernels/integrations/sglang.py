@@ -81,7 +81,7 @@ MAX_REPLAY_REQUESTS = 64  # request ids a replay's span names (its batch span na
 NAMES = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
 BATCH_SPAN = "sglang.forward_batch"
 SCHEDULER_INIT_SPAN = "sglang.scheduler.init"
-_OPEN_BATCH = "_sglang_otel_kernels_open_batch"  # on a Scheduler: (its batch, its span) until its results are processed
+_OPEN_BATCH = "_sglang_otel_kernels_open_batch"  # on a Scheduler: (its batch, its span, its out_cache_loc) until its results are processed
 LOGDEST = "SGLANG_KERNEL_API_LOGDEST"
 
 _installed: Instrumentation | None = None
@@ -240,7 +240,9 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
             raise
         opened.close(None)
         if processes_results:
-            self.__dict__[_OPEN_BATCH] = (batch, opened.span)
+            # SGLang's overlap loop (the default) processes a copy of the batch (ScheduleBatch.copy) a
+            # step later: the copy shares the tensor of the step's output slots, new every step.
+            self.__dict__[_OPEN_BATCH] = (batch, opened.span, getattr(batch, "out_cache_loc", None))
         return result
 
     handle.add(Patch(scheduler, "run_batch", run_batch))
@@ -252,8 +254,9 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
             # The batch's span ends once its results are processed (the scheduler's own Python, a
             # good part of a step on the CPU): a scheduler killed meanwhile died serving that batch.
             pending = self.__dict__.get(_OPEN_BATCH)
-            if pending is None or pending[0] is not batch:  # overlapped: ended by the next run_batch
-                return process(self, batch, *args, **kwargs)
+            if pending is None or (pending[0] is not batch and (
+                    pending[2] is None or getattr(batch, "out_cache_loc", None) is not pending[2])):
+                return process(self, batch, *args, **kwargs)  # an earlier batch's: this one ended at the next run_batch
             del self.__dict__[_OPEN_BATCH]
             return _ending(pending[1], process, self, batch, *args, **kwargs)
 
