@@ -29,6 +29,10 @@ STOP_REASON = "sglang.process.stop_reason"
 # that moment, status ERROR, with the `exception` event and THREAD_NAME; a root span unless the thread had one
 # current. A device error raised by a synchronisation after the call whose kernel caused it lands here.
 EXCEPTION_SPAN = "sglang.process.exception"
+# A process that died with nothing in flight (killed idle: the OOM killer, a kill -9): a span of this name
+# the sidecar sends at its last sign of life, status ERROR, with FATAL_SIGNAL, so what a back end holds
+# (Jaeger, an archive) says "died" as the file does, not "ended".
+DEATH_SPAN = "sglang.process.death"
 BLACKBOX = PREFIX + "blackbox"  # set by the reader on a call the black box recorded
 # A batched call that matters (failed, in flight at a death, hung, NaN/Inf out),
 # copied into a request trace of its batch: `<trace id>:<span id>` of the original.

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from otlp_receivers import GrpcReceiver
+import sglang_otel_kernels as sok
 from sglang_otel_kernels.record import tracefile
 from sglang_otel_kernels.recover.follow import RingFollower
 from conftest import clean_env
@@ -251,6 +252,45 @@ def test_follow_command_for_a_process_already_gone(tmp_path, receiver):
     [span] = receiver.wait_for(lambda got: len(got) == 1)
     assert span["name"] == "k" and span["attributes"][K + "in_flight"] is True
     assert "1 spans sent" in proc.stderr and "1 in flight" in proc.stderr
+
+
+def test_a_process_gone_with_nothing_in_flight_reaches_the_back_end_as_a_death(tmp_path, receiver):
+    """Killed idle (the OOM killer between requests), a process leaves no
+    call in flight to carry how it ended: its sidecar sends a death span, so
+    that what the back end holds reads "died", as the file does, not "ended"."""
+    writer = tracefile.TraceFileWriter(str(tmp_path / "t.sgltrace"), capacity=64 * 1024)
+    writer.append((tracefile.THREAD, 1, "main"))
+    writer.write_record(tracefile.ENCODING_KERNEL_START,
+                        tracefile.KERNEL_START.pack(writer.symbol("k"), 1, 1_000, 1, 0, 0, 0))
+    writer.write_record(tracefile.ENCODING_KERNEL_END, tracefile.KERNEL_END.pack(1, 2_000, 1))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    proc = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "follow", writer.path, "--pid", str(gone.pid),
+                           "--endpoint", receiver.endpoint], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    spans = receiver.wait_for(lambda got: len(got) == 2)
+    [death] = [span for span in spans if span["name"] == "sglang.process.death"]
+    assert death["status"] == 2 and death["attributes"]["sglang.process.fatal_signal"] == "none"
+    assert death["resource"] == next(span["resource"] for span in spans if span["name"] == "k")
+    # Read back as a back end holds it (an archive here; Jaeger's spans the same way): died, not ended.
+    from sglang_otel_kernels.recover.follow import death_span
+    from sglang_otel_kernels.recover.otlp_json import json_lines
+
+    script = ("import os, signal, torch, sglang_otel_kernels as sok\n"
+              "sok.configure(level=1, log_dest='off', trace_file='idle.sgltrace')\n"
+              "sok.debug_kernel_api(op_name='sglang.custom_op.k')(lambda x: x)(torch.ones(1))\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    killed = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=clean_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    contents = sok.read_trace_file(tmp_path / "idle.sgltrace")
+    contents.spans.append(death_span(contents.last_alive, ""))
+    archive = tmp_path / "archive.json"
+    archive.write_text("".join(line + "\n" for line in json_lines(contents)))
+    text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(archive)], capture_output=True,
+                          text=True, timeout=60, env=clean_env())
+    assert text.returncode == 1, text.stdout + text.stderr
+    assert text.stdout.startswith("the process died with no kernel call or batch running at "), text.stdout
 
 
 def test_follow_command_errors(tmp_path):

@@ -24,7 +24,8 @@ from ..record.export import ExportSampler
 from ..record.export_errors import export_batch
 from .otlp_json import resource_attributes
 from ..record import tracefile as fmt
-from ..schema import HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME
+from .._version import __version__
+from ..schema import DEATH_SPAN, FATAL_SIGNAL, HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME, TRACER_NAME
 from .device_faults import mark_in_flight
 from .ledger import Ledger
 from .metrics import KernelMetrics, labels_of
@@ -166,6 +167,14 @@ def hung_snapshot(span: RecoveredSpan, now: int) -> RecoveredSpan:
         parent_sampled=bool(span.trace_flags & 1), end_time=max(now, span.start_time), in_flight=False,
         status_code="UNSET", status_description="",
         attributes={**span.attributes, IN_FLIGHT: True, HUNG: True, IN_FLIGHT_SECONDS: seconds})
+
+
+def death_span(when: int, signal: str) -> RecoveredSpan:
+    """A death that left nothing in flight, as a span of its own (DEATH_SPAN)."""
+    return RecoveredSpan(
+        DEATH_SPAN, random.getrandbits(128) or 1, random.getrandbits(64) or 1, 0, False, 0, when, when, "ERROR",
+        "the process died with no kernel call or batch running", {FATAL_SIGNAL: signal or "none"}, [], [], 0, None,
+        TRACER_NAME, __version__, 1, False)
 
 
 def _still_running(assembler: Assembler, hung: set, now: int, hang_ns: int) -> list[RecoveredSpan]:
@@ -443,6 +452,8 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 for span in left:
                     queue(span, last_alive, always=True)
                     in_flight += 1
+                if not assembler.exited and not left and signal != "SIGTERM":
+                    queue(death_span(last_alive, signal), last_alive, always=True)
             if running:  # what is left is sent while the next poll is read
                 sender.pump(partial=True)
             else:

@@ -17,7 +17,7 @@ import os
 from typing import Any, Iterable, Iterator
 
 from ..record import identity
-from ..schema import HUNG, IN_FLIGHT, THREAD_ID, THREAD_NAME
+from ..schema import DEATH_SPAN, HUNG, IN_FLIGHT, THREAD_ID, THREAD_NAME
 from ..text import utf8
 from .reader import RecoveredSpan, TraceFileContents, TraceFileError, open_regular, said_ending
 from .request_copies import with_copies
@@ -324,6 +324,10 @@ def exported_ending(spans: list[RecoveredSpan]) -> dict:
     process died) dead, with what the sidecar said of its death; none, ended
     (or running, healthy). `spans`: without answered snapshots."""
     in_flight = [span for span in spans if span.in_flight]
+    if not in_flight:  # a death that left nothing in flight is said by a span of its own
+        deaths = [span for span in spans if span.name == DEATH_SPAN]
+        if deaths:
+            return {"live": False, "exited": False, "fatal_signal": said_ending(deaths)}
     return {"live": bool(in_flight) and all(span.attributes.get(HUNG) is True for span in in_flight),
             "exited": not in_flight, "fatal_signal": said_ending(in_flight)}
 

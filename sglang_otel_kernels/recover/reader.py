@@ -31,8 +31,8 @@ from typing import Any, Iterable
 from .. import files
 from .._version import __version__
 from ..record import tracefile as fmt
-from ..schema import (BLACKBOX, COLLECTIVE_FIELDS, FATAL_SIGNAL, GRAPH_CALLS, GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY,
-                      IN_FLIGHT, LEVEL, NAME, SEQ, TRACER_NAME)
+from ..schema import (BLACKBOX, COLLECTIVE_FIELDS, DEATH_SPAN, FATAL_SIGNAL, GRAPH_CALLS, GRAPH_CAPTURED, GRAPH_ID,
+                      GRAPH_REPLAY, IN_FLIGHT, LEVEL, NAME, SEQ, TRACER_NAME)
 from ..text import utf8
 
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
@@ -165,9 +165,10 @@ def where_written(pid: Any, path: "str | None") -> str:
 
 def said_ending(spans: list[RecoveredSpan]) -> str | None:
     """How the process of exported spans ended, as its sidecar wrote on the
-    calls it left in flight (FATAL_SIGNAL; see `fatal_signal`); None: not said."""
+    calls it left in flight, or on its death span (FATAL_SIGNAL; see
+    `fatal_signal`); None: not said."""
     for span in spans:
-        said = span.attributes.get(FATAL_SIGNAL) if span.in_flight else None
+        said = span.attributes.get(FATAL_SIGNAL) if span.in_flight or span.name == DEATH_SPAN else None
         if said == "none":
             return ""
         if said in _FATAL_WORDS.values() or said in ("a fatal signal", "SIGTERM"):
