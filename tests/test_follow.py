@@ -3,6 +3,7 @@ export: the application's spans exported by another process, over a real
 gRPC socket on loopback, including the call in flight when it was killed."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -291,6 +292,48 @@ def test_a_process_gone_with_nothing_in_flight_reaches_the_back_end_as_a_death(t
                           text=True, timeout=60, env=clean_env())
     assert text.returncode == 1, text.stdout + text.stderr
     assert text.stdout.startswith("the process died with no kernel call or batch running at "), text.stdout
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants, as psutil's children(recursive=True) finds them."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            children = [int(child) for child in handle.read().split()]
+    except OSError:
+        children = []
+    return [pid] + [found for child in children for found in _tree(child)]
+
+
+def test_the_sidecar_outlives_a_kill_of_its_applications_process_tree(tmp_path, receiver):
+    """SGLang's cleanup after a crash kills the whole process tree
+    (kill_process_tree): a sidecar in that tree died with it, and what the
+    crash left never reached the back end."""
+    env = clean_env(SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_EXPORT_SIDECAR="1",
+                    SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"),
+                    OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_SERVICE_NAME="tree-test")
+    script = ("import time, torch, sglang_otel_kernels as sok\n"
+              "@sok.debug_kernel_api(op_name='sglang.custom_op.stuck')\n"
+              "def stuck(x):\n"
+              "    print('ready', flush=True)\n"
+              "    time.sleep(60)\n"
+              "stuck(torch.ones(1))\n")
+    app = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert app.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 30
+        while not _followers(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _followers(tmp_path), "no sidecar started"
+        tree = _tree(app.pid)
+        for pid in tree:  # as kill_process_tree does: every descendant, then the process
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        app.kill()
+        app.wait(timeout=60)
+    [span] = receiver.wait_for(lambda got: len(got) >= 1, timeout=60)
+    assert span["name"] == "sglang.custom_op.stuck" and span["attributes"][K + "in_flight"] is True
+    assert span["attributes"]["sglang.process.fatal_signal"] == "none"
 
 
 def test_follow_command_errors(tmp_path):

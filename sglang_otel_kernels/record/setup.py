@@ -343,8 +343,8 @@ def _no_sidecar() -> None:
 def _start_sidecar(trace_path: str, hang_seconds: float) -> None:
     """`sglang-otel-kernels follow` for this file and process, in its own
     session (a Ctrl-C for the application must not stop it before it has
-    exported what the application left), at a lower priority (nice 10); it
-    exits after this process does."""
+    exported what the application left) and out of its process tree, at a
+    lower priority (nice 10); it exits after this process does."""
     if export.otlp_endpoint() is None:
         return  # nothing to export to
     command = ["follow", trace_path, "--pid", str(os.getpid()), "--hang-seconds", repr(hang_seconds)]
@@ -360,9 +360,13 @@ def _start_sidecar(trace_path: str, hang_seconds: float) -> None:
     # Niced: export is background work, and yields the cores to the application's.
     code = (f"import os, sys; os.nice(10); sys.path[0] = {_PACKAGE_ROOT!r}; "
             "from sglang_otel_kernels.__main__ import main; sys.exit(main())")
+    # Started through a shell that exits at once: the sidecar is then no descendant of this process, so
+    # an engine's cleanup that kills its whole process tree (SGLang's kill_process_tree, after a crash)
+    # leaves it to export what the crash left. The shell's own exit is reaped by subprocess later.
+    launcher = ["/bin/sh", "-c", '"$@" &', "sh"] if os.path.exists("/bin/sh") else []
     try:
         subprocess.Popen(
-            [sys.executable, "-c", code, *command],
+            [*launcher, sys.executable, "-c", code, *command],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
         )
         if following:  # kernel spans are its to export
