@@ -99,7 +99,9 @@ def test_a_dump_alone_is_reported_unplaced(tmp_path):
     path.write_bytes(cuda_dumps.fault_dump())
     done = _report(path, json_out=False)
     assert done.returncode == 1, done.stderr  # a device fault
-    assert done.stdout.lstrip().startswith("Device fault (CUDA core dump cuda_coredump_host.1.2): WARP_ILLEGAL_ADDRESS")
+    # The verdict first, as every report opens, then the fault itself.
+    assert done.stdout.startswith("a device fault: WARP_ILLEGAL_ADDRESS in kernel void flashinfer::norm::RMSNormKernel")
+    assert "\nDevice fault (CUDA core dump cuda_coredump_host.1.2): WARP_ILLEGAL_ADDRESS" in done.stdout
     assert "not placed: no trace file of its process was given" in done.stdout
     assert "No kernel call was running" not in done.stdout
 

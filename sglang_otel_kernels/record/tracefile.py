@@ -54,8 +54,8 @@ capture ends, as a GRAPH record (bounded: a graph's first MAX_GRAPH_CALLS,
 all graphs within a 16th of the ring, the oldest dropped). When the ring
 wraps, a TABLE record holding all of them is written first, so every record
 the ring still holds can be resolved and a replayed graph's kernels named
-however long ago it was captured. A normal interpreter exit writes an EXIT
-record: a process that died has none. A thread silent for a while gets a
+however long ago it was captured. A normal interpreter exit, or the file
+closed on purpose, writes an EXIT record: a process that died has none. A thread silent for a while gets a
 STACK record from the heartbeat thread (record/silence.py). The table is
 bounded (count and bytes, relative to the ring): a name that finds it full,
 or is long, is written inline in its span's start record instead, so a
@@ -173,7 +173,9 @@ ATTRIBUTES = "A"  # (ATTRIBUTES, span id, attributes added while it runs): level
 MODE = "M"  # (MODE, what a sidecar exports from here on): MODE_KERNELS_ONLY once the application exports its own
 MODE_KERNELS_ONLY = "kernels"
 IDENTITY = "I"  # (IDENTITY, {"rank": 0, "world_size": 8, "tp_rank": 0, "job": ...}): the process's ranks, all known so far
-EXIT = "Q"  # (EXIT, time): the interpreter exited normally (atexit ran); a process that died has none
+# (EXIT, time): the interpreter exited normally (atexit ran), or the file was closed on purpose; a
+# process that died has none.
+EXIT = "Q"
 GRAPH = "G"  # (GRAPH, graph id, calls, calls left out): a CUDA graph's captured kernels, each (name, shapes, dtypes)
 STACK = "S"  # (STACK, thread ident, time, silent since, frames): where a thread silent for a while is, innermost first
 MAX_STACK_FRAMES = 64  # frames a STACK record holds at most
@@ -484,7 +486,11 @@ class TraceFileWriter:
     def close(self) -> None:
         """For good: a record that comes late (a span ending after the file
         was replaced) is dropped, never a reason to create the file again,
-        which could truncate the file of the writer that replaced this one."""
+        which could truncate the file of the writer that replaced this one.
+        Closed on purpose (the trace file turned off or replaced), the file
+        ends with an EXIT record: its writer ended it, it did not die."""
+        if self._view is not None and not self._closed:
+            self.append((EXIT, time.time_ns()))
         with self._lock:
             self._closed = True
             self._core.detach()
