@@ -241,7 +241,8 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
     assert document["files"][0]["after_failure"]["exception"] == "IndexError"
     page = tmp_path / "report.html"
     assert report("--html", str(page), path).returncode == 1
-    assert "FAILED: the batch sglang.forward_batch (request bad-req-1) failed in" in page.read_text()
+    # The page's banner says what the text's first line says (one verdict).
+    assert "FAILED: rank 0&#x27;s batch sglang.forward_batch (request bad-req-1) failed in" in page.read_text()
 
     # Names: each fused op's class, each layer's module; SGLang's own names unchanged.
     spans = spans_of(path)
@@ -415,8 +416,11 @@ def test_sigkill_mid_request_with_sglangs_own_tracing_reaches_jaeger_and_pages(s
         return {span["operationName"] for span in spans
                 if any(tag["key"] == "sglang.kernel.in_flight" and tag["value"] is True for tag in span["tags"])}
 
-    names = wait("the spans in flight at the kill, in the request's trace", cut_short, timeout=120)
-    assert "sglang.forward_batch" in names, names
+    # The request's root span too ("Req <rid>", SGLang's, left open in the launcher's file): its sidecar
+    # is out of the process tree SGLang's cleanup kills, and exports it once the launcher is gone.
+    names = wait("the spans in flight at the kill, the request's root among them, in the request's trace",
+                 lambda: (lambda found: found if "sglang.forward_batch" in found and
+                          any("Req " in name for name in found) else None)(cut_short()), timeout=120)
     assert not in_flight or in_flight[-1]["name"] in names, (names, in_flight)
 
 
