@@ -11,6 +11,7 @@ import html
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -48,6 +49,11 @@ with forward_batch([], name="sglang.forward_batch", attributes={"sglang.batch.re
 if mode == "hangs":
     with forward_batch([], name="sglang.forward_batch", attributes={"sglang.batch.request_ids": ("c-long",)}):
         slow(torch.ones(2))
+if mode == "between":  # a batch between its kernel calls (on the CPU most of a decode step is the engine's Python)
+    with forward_batch([], name="sglang.forward_batch", attributes={"sglang.batch.request_ids": ("c-between",)}):
+        rmsnorm(torch.ones(2))
+        print("ready", flush=True)
+        time.sleep(60)
 if mode == "aborts":
     with forward_batch([], name="sglang.forward_batch", attributes={"sglang.batch.request_ids": ("bad-1",)}):
         fatal(torch.ones(2))
@@ -198,3 +204,35 @@ def test_a_server_restarted_over_a_crashed_ones_directory_leads_with_the_live_on
         assert ": the process died in sglang.custom_op.fatal (SIGABRT recorded)" in first, first
     finally:
         stop(live)
+
+
+def _line(process: subprocess.Popen, deadline: float) -> str:
+    ready, _, _ = select.select([process.stdout], [], [], max(deadline - time.monotonic(), 0))
+    assert ready, "no line in time"
+    return process.stdout.readline()
+
+
+@pytest.mark.parametrize("mode, says", [
+    ("idle", "with no kernel call or batch running"),
+    ("between", "while its batch sglang.forward_batch served request c-between (running")])
+def test_watch_announces_every_death_between_kernel_calls_included(tmp_path, mode, says):
+    """On the real server `watch` announced a SIGKILL between kernel calls
+    in 1 of 3 runs: it kept no batch in flight, and a rank dead with nothing
+    in flight was no suspect."""
+    watcher = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "watch", str(tmp_path), "--interval",
+                                "0.5"], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = None
+    try:
+        deadline = time.monotonic() + 120
+        assert _line(watcher, deadline).startswith(f"watching {tmp_path}: ")
+        process = start(tmp_path, mode, RANK="0", WORLD_SIZE="1")
+        while "no suspect" not in (line := _line(watcher, deadline)):  # followed: its first verdict
+            pass
+        stop(process)
+        line = _line(watcher, deadline)
+        assert re.match(r"\d\d:\d\d:\d\d\.\d{6} job world size 1: rank 0 died", line) and says in line, line
+    finally:
+        watcher.kill()
+        watcher.wait(timeout=30)
+        if process is not None:
+            stop(process)
