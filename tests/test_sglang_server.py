@@ -541,6 +541,6 @@ def test_frozen_then_killed_idle_then_restarted_over_the_same_directory(sglang_p
     try:
         status, first, found = verdict()
         assert status == 1 and found["kind"] == "died", first
-        assert " running; an earlier process, gone since 20" in first and ": rank 0 died at " in first, first
+        assert " running; another process, gone since 20" in first and ": rank 0 died at " in first, first
     finally:
         again.close()

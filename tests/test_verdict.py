@@ -200,7 +200,7 @@ def test_a_server_restarted_over_a_crashed_ones_directory_leads_with_the_live_on
     try:
         status, first, verdict = verdict_of(tmp_path)
         assert status == 1 and verdict["kind"] == "crashed", first
-        assert first.startswith(f"pid {live.pid} is running; an earlier process, gone since 20"), first
+        assert first.startswith(f"pid {live.pid} is running; another process, gone since 20"), first
         assert ": the process died in sglang.custom_op.fatal (SIGABRT recorded)" in first, first
     finally:
         stop(live)

@@ -45,7 +45,7 @@ def decide(report: dict[str, Any]) -> dict[str, Any]:
         # finding dated (its process is gone).
         pids = ", ".join(str(info["pid"]) for info in live[:4]) + (" and more" if len(live) > 4 else "")
         ended = next((info.get("ended_at") for info in report["files"] if info["path"] == path), None)
-        headline = (f"pid {pids} {'is' if len(live) == 1 else 'are'} running; an earlier process, gone"
+        headline = (f"pid {pids} {'is' if len(live) == 1 else 'are'} running; another process, gone"
                     + (f" since {ended}" if ended else "") + f": {headline}")
     return {"kind": kind, "headline": headline, "exit_status": EXIT_STATUS[kind], "file": path}
 
