@@ -7,13 +7,15 @@ happened as plain data: its kind, one headline sentence and the exit
 status. The text report's first line, the page's banner, `report --json`'s
 `verdict` and `report`'s exit status render it; none decides again.
 
-Kinds, most serious first where several apply: `crashed` (a process died in
-a kernel call, a batch, or with a device fault), `hung` (a rank hangs: in a
-collective, or alone in a call or frozen, past the threshold), `mismatch`
-(ranks disagree on a collective), `died` (a process died with nothing
-running: killed idle), `failed` (a call, a batch or a thread raised),
-`nonfinite` (a call made NaN/Inf from finite inputs), `waiting` (a live job
-slow, not a hang yet), `clean`. Torch-free.
+Kinds: `crashed` (a process died in a kernel call, in a batch, or with a
+device fault), `hung` (a rank in a collective, or alone in a call or frozen,
+past the threshold; a process with no rank in a call that long), `mismatch`
+(ranks disagree on a collective), `failed` (a batch, a call or a thread
+raised), `died` (a process died with nothing running, or after a CUDA graph
+replay), `nonfinite` (a call made NaN/Inf from finite inputs), `waiting` (a
+live job slow, not a hang yet), `clean`. The first that applies, in this
+order: a job's suspect (its kind by its reason), then crashed, failed,
+died, nonfinite, hung, waiting, clean. Torch-free.
 """
 
 from __future__ import annotations
@@ -28,9 +30,8 @@ EXIT_STATUS = {"crashed": 1, "hung": 1, "mismatch": 1, "died": 1, "failed": 1, "
                "clean": 0}
 # What the cross-rank analysis calls its suspects, as a kind.
 _SUSPECT_KINDS = {"crashed": "crashed", "killed_while_stuck": "crashed", "died": "crashed", "died_idle": "died",
-                  "raised": "failed",
-                  "mismatch": "mismatch", "missing": "hung", "stuck in collective": "hung", "deadlock": "hung",
-                  "hung": "hung", "no_file": "hung"}
+                  "raised": "failed", "mismatch": "mismatch", "missing": "hung", "stuck in collective": "hung",
+                  "deadlock": "hung", "hung": "hung", "no_file": "hung"}
 
 
 def decide(report: dict[str, Any]) -> dict[str, Any]:
@@ -107,15 +108,15 @@ def _first(report: dict[str, Any]) -> "tuple[str, str, str | None]":
     if report["first_nonfinite_output"]:
         call = report["first_nonfinite_output"]
         return "nonfinite", nonfinite_sentence(call), call["file"]
-    for job in jobs:
-        if job.get("waiting_for") or job.get("slow"):
-            return "waiting", job["verdict"], None
     slow = [call for call in report["in_flight"] if not call["in_flight_in_dead_process"] and call["rank"] is None
             and (call.get("seconds") or 0) >= report.get("hang_seconds", float("inf"))]
     if slow:  # a process with no rank (a rank's is its job's suspect), in a call past the threshold
         call = slow[0]
         return ("hung", f"{call['name']} has been running {call['seconds']} s in pid {call['pid']}, past the "
                         f"{report['hang_seconds']:g} s that makes a hang", call["file"])
+    for job in jobs:
+        if job.get("waiting_for") or job.get("slow"):
+            return "waiting", job["verdict"], None
     if jobs:
         return "clean", jobs[0]["verdict"], None
     live = [info for info in report["files"] if info.get("running")]
