@@ -81,7 +81,8 @@ MAX_REPLAY_REQUESTS = 64  # request ids a replay's span names (its batch span na
 NAMES = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
 BATCH_SPAN = "sglang.forward_batch"
 SCHEDULER_INIT_SPAN = "sglang.scheduler.init"
-_OPEN_BATCH = "_sglang_otel_kernels_open_batch"  # on a Scheduler: (its batch, its span, its out_cache_loc) until its results are processed
+# On a Scheduler: (its batch, its span, its out_cache_loc) until the batch's results are processed.
+_OPEN_BATCH = "_sglang_otel_kernels_open_batch"
 LOGDEST = "SGLANG_KERNEL_API_LOGDEST"
 
 _installed: Instrumentation | None = None
@@ -256,7 +257,7 @@ def _patch_scheduler(handle: Instrumentation, module: Any) -> None:
             pending = self.__dict__.get(_OPEN_BATCH)
             if pending is None or (pending[0] is not batch and (
                     pending[2] is None or getattr(batch, "out_cache_loc", None) is not pending[2])):
-                return process(self, batch, *args, **kwargs)  # an earlier batch's: this one ended at the next run_batch
+                return process(self, batch, *args, **kwargs)  # an earlier batch's, ended by the next run_batch
             del self.__dict__[_OPEN_BATCH]
             return _ending(pending[1], process, self, batch, *args, **kwargs)
 

@@ -55,8 +55,9 @@ all graphs within a 16th of the ring, the oldest dropped). When the ring
 wraps, a TABLE record holding all of them is written first, so every record
 the ring still holds can be resolved and a replayed graph's kernels named
 however long ago it was captured. A normal interpreter exit, or the file
-closed on purpose, writes an EXIT record: a process that died has none. A thread silent for a while gets a
-STACK record from the heartbeat thread (record/silence.py). The table is
+closed on purpose, writes an EXIT record: a process that died has none. A
+thread silent for a while gets a STACK record from the heartbeat thread
+(record/silence.py). The table is
 bounded (count and bytes, relative to the ring): a name that finds it full,
 or is long, is written inline in its span's start record instead, so a
 stream of distinct names (request ids in span names) costs neither memory

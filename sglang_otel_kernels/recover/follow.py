@@ -172,9 +172,11 @@ def hung_snapshot(span: RecoveredSpan, now: int) -> RecoveredSpan:
 def death_span(when: int, signal: str) -> RecoveredSpan:
     """A death that left nothing in flight, as a span of its own (DEATH_SPAN)."""
     return RecoveredSpan(
-        DEATH_SPAN, random.getrandbits(128) or 1, random.getrandbits(64) or 1, 0, False, 0, when, when, "ERROR",
-        "the process died with no kernel call or batch running", {FATAL_SIGNAL: signal or "none"}, [], [], 0, None,
-        TRACER_NAME, __version__, 1, False)
+        name=DEATH_SPAN, trace_id=random.getrandbits(128) or 1, span_id=random.getrandbits(64) or 1,
+        parent_span_id=0, parent_is_remote=False, kind=0, start_time=when, end_time=when, status_code="ERROR",
+        status_description="the process died with no kernel call or batch running",
+        attributes={FATAL_SIGNAL: signal or "none"}, events=[], links=[], thread_id=0, thread_name=None,
+        scope_name=TRACER_NAME, scope_version=__version__, trace_flags=1, in_flight=False)
 
 
 def _still_running(assembler: Assembler, hung: set, now: int, hang_ns: int) -> list[RecoveredSpan]:

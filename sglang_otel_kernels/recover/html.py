@@ -127,7 +127,9 @@ _LABELS = {"crashed": "CRASHED: ", "hung": "HUNG: ", "mismatch": "MISMATCH: ", "
 
 
 def _verdict_class(verdict: dict[str, Any]) -> str:
-    return "crashed" if verdict["suspects"] else "waiting" if verdict.get("waiting_for") or verdict.get("slow") else "clean"
+    if verdict["suspects"]:
+        return "crashed"
+    return "waiting" if verdict.get("waiting_for") or verdict.get("slow") else "clean"
 
 
 def _rank_lanes(report: dict[str, Any], contents: list[TraceFileContents], axis: tuple[int, int], first_bad,

@@ -624,20 +624,30 @@ class _Verdict:
                 suspects.append(suspect)
         return suspects
 
+    def _alone(self, rank: RankFile) -> "tuple[RecoveredSpan | None, float] | None":
+        """(its call in flight that is no collective, or None; for how long it
+        has run or the rank been frozen, the longer) of a live rank waiting in
+        no collective (one that does is judged with its group: a victim, or
+        the one the others wait for); None for any other rank."""
+        if not rank.contents.live or any(OP in s.attributes for s in rank.in_flight):
+            return None
+        call = rank.innermost(rank.in_flight)
+        silent = (rank.now - rank.contents.heartbeat) / 1e9 if rank.state == "frozen" else 0.0
+        return call, max(rank.seconds(call) if call is not None else 0.0, silent)
+
     def _hung_alone(self, rank: RankFile) -> "tuple[RecoveredSpan | None, str] | None":
         """(its call in flight or None, words) for a live rank hung on its own:
-        in a call that is no collective past the threshold, or frozen (its
-        heartbeat stopped) that long; None otherwise."""
-        if not rank.contents.live or any(OP in s.attributes for s in rank.in_flight):
-            return None  # one in a collective is judged with its group (a victim, or the one others wait for)
-        call = rank.innermost([s for s in rank.in_flight if OP not in s.attributes])
-        frozen = rank.state == "frozen" and (rank.now - rank.contents.heartbeat) / 1e9 >= self.hang_seconds
-        if call is not None and (frozen or rank.seconds(call) >= self.hang_seconds):
-            return call, (f"is stuck in {call.name} (running {_seconds_text(rank.seconds(call))}, past the "
-                          f"{self.hang_seconds:g} s that makes a hang{self._frozen_words(rank)}){self._serving(rank)}")
-        if frozen:
-            return None, f"is {self._frozen(rank)}, past the {self.hang_seconds:g} s that makes a hang{self._serving(rank)}"
-        return None
+        in a call that is no collective past the threshold, or frozen that
+        long; None otherwise."""
+        alone = self._alone(rank)
+        if alone is None or alone[1] < self.hang_seconds:
+            return None
+        call, seconds = alone
+        if call is None:
+            return None, (f"is {self._frozen(rank)}, past the {self.hang_seconds:g} s that makes a hang"
+                          f"{self._serving(rank)}")
+        return call, (f"is stuck in {call.name} (running {_seconds_text(rank.seconds(call))}, past the "
+                      f"{self.hang_seconds:g} s that makes a hang{self._frozen_words(rank)}){self._serving(rank)}")
 
     def _frozen_words(self, rank: RankFile) -> str:
         return f"; {self._frozen(rank)}" if rank.state == "frozen" else ""
@@ -656,13 +666,11 @@ class _Verdict:
         least = max(1.0, self.hang_seconds / 20)
         found = None
         for rank in self.ranks.values():
-            if (not rank.contents.live or self._hung_alone(rank) is not None
-                    or any(OP in s.attributes for s in rank.in_flight)):
+            alone = self._alone(rank)
+            if alone is None or not least <= alone[1] < self.hang_seconds:
                 continue
-            call = rank.innermost([s for s in rank.in_flight if OP not in s.attributes])
-            seconds = max(rank.seconds(call) if call is not None else 0.0,
-                          (rank.now - rank.contents.heartbeat) / 1e9 if rank.state == "frozen" else 0.0)
-            if seconds >= least and (found is None or seconds > found["seconds"]):
+            call, seconds = alone
+            if found is None or seconds > found["seconds"]:
                 found = {"rank": rank.rank, "seconds": round(seconds, 1), "call": call.name if call else None,
                          "frozen": rank.state == "frozen", "hang_at": self.hang_seconds,
                          "words": (f"rank {rank.rank} " + (f"has been in {call.name} for {_seconds_text(seconds)}"
@@ -770,10 +778,16 @@ def idle_death_words(rank: "RankFile") -> str:
     signal recorded: killed from outside), 20 s after its last call ended`."""
     contents = rank.contents
     last = max((s.end_time or 0 for s in rank.kernels), default=0)
-    after = f", {_seconds_text(max(contents.last_alive - last, 0) / 1e9)} after its last kernel call ended" if last else ""
-    how = (f" ({contents.fatal_signal} recorded)" if contents.fatal_signal else
-           " (no fatal signal recorded: killed from outside)" if contents.fatal_signal == "" else "")
-    return (f"died at {timestamp(contents.last_alive, date=False)} with no kernel call or batch running{how}{after}")
+    since = _seconds_text(max(contents.last_alive - last, 0) / 1e9)
+    after = f", {since} after its last kernel call ended" if last else ""
+    return (f"died at {timestamp(contents.last_alive, date=False)} with no kernel call or batch running"
+            f"{killed_text(contents.fatal_signal)}{after}")
+
+
+def killed_text(signal: "str | None") -> str:
+    """`ending_text` of a process that died with nothing running, where no
+    signal recorded means it was killed from outside."""
+    return " (no fatal signal recorded: killed from outside)" if signal == "" else ending_text(signal)
 
 
 def ending_text(signal: str | None, stop: str | None = None) -> str:

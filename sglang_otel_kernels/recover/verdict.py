@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from .batch_failures import at_death_words, failure_sentence, requests_text, uncaught_sentence
+from .ranks import ending_text, killed_text
 from .reader import where_written
 
 # `report`'s exit status of each kind (its --help says them).
@@ -85,12 +86,11 @@ def _first(report: dict[str, Any]) -> "tuple[str, str, str | None]":
         batch = report["failed_batches"][0]
         return "failed", "the " + failure_sentence(batch), batch["file"]
     if report["failed"]:
-        call = report["failed"][0]
-        exception = call["exception"] or {}
-        said = f"{exception.get('type')}: {exception.get('message')}" if exception else call["description"] or "an error"
-        more = len(report["failed"]) - 1
-        return ("failed", f"{call['name']} raised {said}" + (f" (and {more} more failed call{'s' if more > 1 else ''})"
-                                                               if more else "") + f" ({process_text(call)})", call["file"])
+        call, more = report["failed"][0], len(report["failed"]) - 1
+        exception = call["exception"]
+        said = f"{exception['type']}: {exception['message']}" if exception else call["description"] or "an error"
+        also = f" (and {more} more failed call{'s' if more > 1 else ''})" if more else ""
+        return "failed", f"{call['name']} raised {said}{also} ({process_text(call)})", call["file"]
     errors = [(info, error) for info in report["files"] for error in info.get("uncaught") or ()]
     if errors:
         info, error = errors[-1]
@@ -100,11 +100,12 @@ def _first(report: dict[str, Any]) -> "tuple[str, str, str | None]":
         info = _info(report, call["file"])
         graph = call.get("graph") or {}
         return ("died", f"the process died after a CUDA graph replay (replay {graph.get('replay')} of graph "
-                        f"{graph.get('id')}, {call['seconds_before_death']} s before the end){_when(info)}{_how(info)}: "
-                        "its kernels may have been running on the GPU", call["file"])
+                        f"{graph.get('id')}, {call['seconds_before_death']} s before the end){_when(info)}"
+                        f"{_how(info)}: its kernels may have been running on the GPU", call["file"])
     for info in report["files"]:
         if info.get("state") == "died":
-            return "died", f"the process died with no kernel call or batch running{_when(info)}{_how(info)}", info["path"]
+            return ("died", f"the process died with no kernel call or batch running{_when(info)}{_how(info)}",
+                    info["path"])
     if report["first_nonfinite_output"]:
         call = report["first_nonfinite_output"]
         return "nonfinite", nonfinite_sentence(call), call["file"]
@@ -125,12 +126,12 @@ def _first(report: dict[str, Any]) -> "tuple[str, str, str | None]":
         if frozen:
             return "waiting", f"pid {frozen[0]['pid']} is frozen: its heartbeat stopped (a thread holds the GIL)", \
                 frozen[0]["path"]
-        return "clean", f"{_count(len(live), 'process')} running, nothing failed so far", None
+        return "clean", f"{len(live)} process{'es' if len(live) > 1 else ''} running, nothing failed so far", None
     stopped = [info for info in report["files"] if info.get("state") == "stopped"]
     if stopped:
         info = stopped[0]
-        said = f"told to stop: {info['stop_reason']}" if info.get("stop_reason") else f"{info.get('fatal_signal')} recorded"
-        return "clean", f"the process was stopped on purpose ({said}){_when(info)}; nothing failed", None
+        said = ending_text(info.get("fatal_signal"), info.get("stop_reason"))
+        return "clean", f"the process was stopped on purpose{said}{_when(info)}; nothing failed", None
     return "clean", "no crash, no failure", None
 
 
@@ -147,7 +148,8 @@ def layer_text(call: dict[str, Any]) -> str:
 
 
 def nonfinite_sentence(call: dict[str, Any]) -> str:
-    """`the first NaN/Inf from finite inputs came out of <call>, module m, in the rows of request nan-1 (rank 0, ...)`."""
+    """`the first NaN/Inf from finite inputs came out of <call>, module m, in
+    the rows of request nan-1 (rank 0, ...)`."""
     parts = [f"the first NaN/Inf from finite inputs came out of {call['name']}", layer_text(call)]
     requests = call.get("requests") or {}
     if ids := requests.get("request_ids"):
@@ -157,7 +159,9 @@ def nonfinite_sentence(call: dict[str, Any]) -> str:
 
 
 def died_in_words(call: dict[str, Any], info: dict[str, Any]) -> str:
-    """`the process died in sglang.custom_op.embedding (SIGABRT recorded) at ..., running 0.2 s, while its batch served requests r1, r2`."""
+    """`the process died in sglang.custom_op.embedding (SIGABRT recorded) at
+    ..., in flight for 0.2 s, while its batch sglang.forward_batch served
+    requests r1, r2`."""
     requests = call.get("requests") or {}
     serving = ""
     if requests.get("request_ids") and "batch" in requests:
@@ -177,10 +181,4 @@ def _when(info: dict[str, Any]) -> str:
 
 
 def _how(info: dict[str, Any]) -> str:
-    signal = info.get("fatal_signal")
-    return (f" ({signal} recorded)" if signal else
-            " (no fatal signal recorded: killed from outside, e.g. SIGKILL or the OOM killer)" if signal == "" else "")
-
-
-def _count(number: int, word: str) -> str:
-    return f"{number} {word}" + ("es" if number != 1 and word.endswith("s") else "s" if number != 1 else "")
+    return killed_text(info.get("fatal_signal"))
