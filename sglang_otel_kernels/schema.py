@@ -38,6 +38,11 @@ BLACKBOX = PREFIX + "blackbox"  # set by the reader on a call the black box reco
 # copied into a request trace of its batch: `<trace id>:<span id>` of the original.
 COPY_OF = PREFIX + "copy_of"
 NONFINITE_REQUESTS = PREFIX + "nonfinite_requests"  # level 5: the requests whose output rows hold NaN/Inf
+# A call that failed on its inputs, in a batch whose rows map to requests (describe/culprits.py): the
+# requests whose rows hold the bad input, and what was wrong with it; on a copy, whether its request is one.
+CULPRIT_REQUESTS = PREFIX + "culprit_requests"
+CULPRIT = PREFIX + "culprit"
+REQUEST_CULPRIT = "sglang.request.culprit"
 MODULE = PREFIX + "module"  # the model's module a call runs for, where it knows it: "model.layers.1.mlp.down_proj"
 OP_CLASS = PREFIX + "op_class"  # the op's class where one recorded method serves many: "RMSNorm", "SiluAndMul"
 

@@ -223,6 +223,104 @@ def test_an_overlapped_schedulers_last_batch_ends_and_an_idle_kill_blames_no_req
     assert "died" in first and "with no kernel call or batch running" in first and "done-ok" not in first, first
 
 
+# SGLang's embedding lookup (sglang.srt.layers.quantization.unquant, 0.5.23), and a scheduler whose step
+# embeds its batch's tokens, flattened in request order: an extend batch with each request's extend_lens.
+UNQUANT = '''
+import torch
+
+
+class UnquantizedEmbeddingMethod:
+    def embedding(self, layer, input_):
+        return torch.nn.functional.embedding(input_, layer.weight)
+'''
+EMBEDDING_SCHEDULER = SCHEDULER + '''
+from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
+
+
+def run_batch(self, batch):
+    return UnquantizedEmbeddingMethod().embedding(self.embed_tokens, batch.input_ids)
+
+
+Scheduler.run_batch = run_batch
+'''
+
+
+def test_a_batch_failed_on_one_requests_token_names_that_request_apart_from_the_others(sglang_tree, tmp_path):
+    """Four traced requests in one prefill batch, one carrying token 99999
+    beyond the vocabulary: the embedding raises IndexError for the whole
+    batch. The report's first line names the request that carried the token
+    apart from its batch mates, and in each request's trace the copy of the
+    failed call says whose input it was: only the culprit's is marked."""
+    tree, _ = sglang_tree
+    culprit_tree = tmp_path / "tree"
+    shutil.copytree(tree, culprit_tree)
+    (culprit_tree / "sglang/srt/layers/quantization").mkdir()
+    (culprit_tree / "sglang/srt/layers/quantization/__init__.py").write_text("")
+    (culprit_tree / "sglang/srt/layers/quantization/unquant.py").write_text(UNQUANT)
+    (culprit_tree / "sglang/srt/managers/scheduler.py").write_text(EMBEDDING_SCHEDULER)
+    proc = launch(culprit_tree, tmp_path, """
+        import torch, types
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        trace.set_tracer_provider(TracerProvider())  # SGLang's --enable-trace
+        from sglang.srt.managers import scheduler
+        import sglang_otel_kernels as sok
+        tracer = trace.get_tracer("sglang server")
+        tokens = {"ok-0": [5, 6, 7], "ok-1": [8], "bad-2": [9, 99999, 10, 11], "ok-3": [12, 13]}
+        roots = {rid: tracer.start_span(f"Req {rid}") for rid in tokens}
+        mode = types.SimpleNamespace(is_decode=lambda: False, is_extend=lambda: True)
+        batch = types.SimpleNamespace(
+            reqs=[scheduler.request(rid, None, trace.set_span_in_context(root)) for rid, root in roots.items()],
+            forward_mode=mode, extend_lens=[len(ids) for ids in tokens.values()],
+            input_ids=torch.tensor([token for ids in tokens.values() for token in ids]))
+        server = scheduler.Scheduler()
+        server.embed_tokens = torch.nn.Embedding(32000, 4)
+        try:
+            server.run_batch(batch)
+        except IndexError as exc:
+            print("raised", exc)
+        for root in roots.values():
+            root.end()
+        print(sok.trace_file_path())
+    """, "--level", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "raised index out of range in self" in proc.stdout, proc.stdout
+    path = proc.stdout.strip().splitlines()[-1]
+    [call] = [span for span in sok.read_trace(path) if span.name == "sglang.quant_method.UnquantizedEmbeddingMethod.embedding"]
+    assert call.status_code == "ERROR" and call.attributes[K + "culprit_requests"] == ("bad-2",)
+    assert call.attributes[K + "culprit"] == "id 99999 (row 5 of 10) is outside the 32000 rows of the embedding"
+    text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", path], capture_output=True,
+                          text=True, timeout=120, env=clean_env())
+    assert text.returncode == 1, text.stdout + text.stderr
+    first = text.stdout.splitlines()[0]
+    assert first.startswith("the batch sglang.forward_batch (requests ok-0, ok-1, bad-2, ok-3) failed in "
+                            "sglang.quant_method.UnquantizedEmbeddingMethod.embedding: IndexError"), first
+    assert first.endswith("; request bad-2 caused it: id 99999 (row 5 of 10) is outside the 32000 rows of the "
+                          "embedding"), first
+    assert "  caused by request bad-2: id 99999" in text.stdout, text.stdout
+    document = json.loads(subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", "--json", path],
+                                         capture_output=True, text=True, timeout=120, env=clean_env()).stdout)
+    [failed] = document["failed_batches"]
+    assert failed["culprit"] == {"request_ids": ["bad-2"], "why": call.attributes[K + "culprit"]}
+    assert document["verdict"]["headline"] == first
+    # Each request's trace gets a copy of the failed call; only the culprit's copy says it was the cause.
+    exported = json.loads(subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "export", path, "-o", "-"],
+                                         capture_output=True, text=True, timeout=120, env=clean_env()).stdout)
+    traces = {}
+    for resource in exported["resourceSpans"]:
+        for scope in resource["scopeSpans"]:
+            for span in scope["spans"]:
+                traces.setdefault(span["traceId"], []).append(span)
+    [batch] = [span for span in sok.read_trace(path) if span.name == "sglang.forward_batch"]
+    copies = {}
+    for rid, (root, _, _) in zip(["ok-0", "ok-1", "bad-2", "ok-3"], batch.links):
+        root = f"{root:032x}"
+        [copy] = [span for span in traces[root] if span["name"] == call.name]
+        copies[rid] = {item["key"]: item["value"] for item in copy["attributes"]}
+    assert {rid: "boolValue" in attributes.get("sglang.request.culprit", {}) for rid, attributes in copies.items()} \
+        == {"ok-0": False, "ok-1": False, "bad-2": True, "ok-3": False}, copies
+
+
 def test_a_scheduler_that_fails_to_start_is_a_failure(sglang_tree, tmp_path):
     """SGLang's run_scheduler_process catches the exception of Scheduler(...),
     tells its parent and returns: the process ends normally, and its file

@@ -18,8 +18,11 @@ stopped as they are in production. The server is started for:
   again over the same directory.
 """
 
+import concurrent.futures
+import html
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -194,13 +197,25 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
                     OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_BSP_SCHEDULE_DELAY="200")
     try:
         good_trace, bad_trace = 0x0AF7651916CD43DD8448EB211C80319C, 0x0BF7651916CD43DD8448EB211C80319D
+        rejected_trace = 0x0CF7651916CD43DD8448EB211C80319E
         status, answer = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 4}, "rid": "good-1"},
                                          {"traceparent": f"00-{good_trace:032x}-b7ad6b7169203331-01"})
         assert status == 200, answer
+        # Over the context length: SGLang rejects it (400) before its scheduler sees it.
+        status, answer = server.generate({"input_ids": [5] * 5000, "sampling_params": {"max_new_tokens": 4},
+                                          "rid": "too-long-1"},
+                                         {"traceparent": f"00-{rejected_trace:032x}-d7ad6b7169203331-01"})
+        assert status == 400, answer
         scheduler = server.pids()["sglang::scheduler"]
-        status, answer = server.generate({"input_ids": [5, 99999, 7], "sampling_params": {"max_new_tokens": 4},
-                                          "rid": "bad-req-1"},
-                                         {"traceparent": f"00-{bad_trace:032x}-c7ad6b7169203331-01"})
+        # The bad token among requests sent at once: the report names the request that carried it.
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            mates = [pool.submit(server.generate, {"input_ids": [5, 6, 7, 8], "rid": f"mate-{number}",
+                                                   "sampling_params": {"max_new_tokens": 4}}) for number in range(3)]
+            status, answer = server.generate({"input_ids": [5, 99999, 7], "sampling_params": {"max_new_tokens": 4},
+                                              "rid": "bad-req-1"},
+                                             {"traceparent": f"00-{bad_trace:032x}-c7ad6b7169203331-01"})
+            for mate in mates:
+                mate.result()
         assert status != 200
         server.wait_gone(scheduler)
         server.process.wait(timeout=60)
@@ -225,16 +240,22 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
     text = report(*server.trace_files())
     assert text.returncode == 1, text.stdout + text.stderr
     lines = text.stdout.splitlines()
-    assert lines[0] == (f"rank 0's batch sglang.forward_batch (request bad-req-1) failed in {EMBEDDING} "
-                        "(model.embed_tokens): IndexError: index out of range in self"), text.stdout
+    # The batch (the bad request, and those batched with it), then the one whose token it was.
+    assert re.fullmatch(rf"rank 0's batch sglang\.forward_batch \(requests? [^)]*bad-req-1[^)]*\) failed in "
+                        rf"{re.escape(EMBEDDING)} \(model\.embed_tokens\): IndexError: index out of range in self; "
+                        r"request bad-req-1 caused it: id 99999 \(row \d+ of \d+\) is outside the \d+ rows of "
+                        r"the embedding", lines[0]), text.stdout
     # It raised, then exited (SGLang's scheduler returns after SIGQUITting its parent), or was killed.
     assert any(line.startswith(("  rank 0: ended ", "  rank 0: died ")) and " s after it raised IndexError" in line
                for line in lines), text.stdout
-    assert "Failed batches (1):" in text.stdout and "serving request bad-req-1" in text.stdout
+    assert "Failed batches (1):" in text.stdout and "  caused by request bad-req-1: id 99999" in text.stdout
+    # The rejected request ended (its root span, status ERROR): nothing of it is left unfinished.
+    assert "too-long" not in text.stdout, text.stdout
     assert "embedding (unquant.py:" in text.stdout and "(vocab_parallel_embedding.py:" in text.stdout
     document = json.loads(report("--json", path).stdout)
     [batch] = document["failed_batches"]
-    assert batch["request_ids"] == ["bad-req-1"] and batch["exception"]["type"] == "IndexError"
+    assert "bad-req-1" in batch["request_ids"] and batch["exception"]["type"] == "IndexError"
+    assert batch["culprit"]["request_ids"] == ["bad-req-1"], batch
     assert batch["failed_call"] == EMBEDDING and batch["module"] == "model.embed_tokens"
     assert [frame["function"] for frame in batch["frames"][:2]] == ["embedding", "embedding"]
     assert os.path.basename(batch["frames"][1]["file"]) == "unquant.py"
@@ -242,7 +263,7 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
     page = tmp_path / "report.html"
     assert report("--html", str(page), path).returncode == 1
     # The page's banner says what the text's first line says (one verdict).
-    assert "FAILED: rank 0&#x27;s batch sglang.forward_batch (request bad-req-1) failed in" in page.read_text()
+    assert "FAILED: " + html.escape(lines[0]) in page.read_text()
 
     # Names: each fused op's class, each layer's module; SGLang's own names unchanged.
     spans = spans_of(path)
@@ -269,14 +290,34 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
     names = {span["operationName"] for span in good["spans"]}
     assert any(name.startswith("Req ") or " Req " in name for name in names), names  # SGLang's root span
     assert "sglang.forward_batch" in names and FUSED in names and LINEAR in names, names
+    # A request alone in its batches: every batch span its kernel calls point at arrived, through the same
+    # provider (the last step's too, ended once SGLang processed its results).
+    present = {span["spanID"] for span in good["spans"]}
+    ours = [span for span in good["spans"] if span["operationName"] == "sglang.forward_batch"
+            or any(tag["key"] == "sglang.kernel.name" for tag in span["tags"])]
+    orphans = [span["operationName"] for span in ours for reference in span.get("references") or ()
+               if reference["refType"] == "CHILD_OF" and reference["spanID"] not in present]
+    assert ours and not orphans, orphans
+    # The rejected request's root span reached Jaeger, ended in an error saying why.
+    rejected = wait("the rejected request's root span", lambda: _jaeger_trace(jaeger, rejected_trace), timeout=60)
+    [root] = [span for span in rejected["spans"] if " Req " in f" {span['operationName']}"]
+    tags = {tag["key"]: tag["value"] for tag in root["tags"]}
+    assert tags.get("error") in (True, "true") and "rejected before reaching the scheduler" in str(
+        tags.get("otel.status_description")), tags
     wait("the failed request's error spans", lambda: EMBEDDING in {
         span["operationName"] for span in _jaeger_trace(jaeger, bad_trace)["spans"]}, timeout=120)
     bad = _jaeger_trace(jaeger, bad_trace)
     errors = {span["operationName"]: span for span in bad["spans"]
               if any(tag["key"] == "error" and tag["value"] in (True, "true") for tag in span["tags"])}
-    assert EMBEDDING in errors and "sglang.forward_batch" in errors, sorted(errors)
+    # Its batch span (a batch of it alone), or its request span under a batch of several.
+    assert EMBEDDING in errors and {"sglang.forward_batch", "sglang.forward_batch.request"} & set(errors), sorted(errors)
     assert any(log_field["value"] == "IndexError" for log in errors[EMBEDDING]["logs"]
                for log_field in log["fields"] if log_field["key"] == "exception.type")
+    # The bad request's trace says its input was the cause: its own batch's call names it, or (batched with
+    # others) the copy of the call in its trace is marked.
+    tags = {tag["key"]: tag["value"] for tag in errors[EMBEDDING]["tags"]}
+    assert tags.get("sglang.request.culprit") in (True, "true") or "bad-req-1" in str(
+        tags.get("sglang.kernel.culprit_requests")), tags
 
     # The Collector's archive, read as an engineer reads it after the fact: the kernel spans went out through
     # SGLang's own provider, whose resource names no process; they and the batch spans carry the scheduler's
@@ -286,7 +327,7 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
     assert archived.returncode == 1, archived.stdout + archived.stderr
     assert f": pid {scheduler} on " in archived.stdout and "pid None" not in archived.stdout, archived.stdout
     assert archived.stdout.splitlines()[0] == lines[0], archived.stdout  # the batch, as from the file
-    assert "Failed batches (1):" in archived.stdout and "serving request bad-req-1" in archived.stdout
+    assert "Failed batches (1):" in archived.stdout and "  caused by request bad-req-1" in archived.stdout
 
 
 def _jaeger_trace(jaeger: Jaeger, trace_id: int) -> "dict | None":

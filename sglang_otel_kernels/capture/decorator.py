@@ -23,6 +23,7 @@ from opentelemetry import trace
 
 from .. import config as _config
 from .._version import __version__
+from ..describe.culprits import explained
 from ..describe.statistics import fill_statistics, is_device_error, nonfinite_rows
 from ..notices import warn_failed_once
 from ..describe.tensors import dtype_names
@@ -381,6 +382,9 @@ class KernelSite:
                 # An asynchronous error seen first here: the newest CUDA graph replay comes first.
                 _saw_device_fault(f"in {self.name}, after {graph[1][schema.GRAPH_SUSPECT]}")
                 note, added = _ASYNC_NOTE + f"; {graph[0]}", graph[1]
+            culprit = explained(exc)  # which request's input the call failed on, where an op can tell
+            if culprit is not None:
+                added = {**culprit, **(added or {})}
             try:
                 runtime.spans.fail(span, exc, note, added)
             except Exception as inner:

@@ -19,12 +19,16 @@ scheduler's ranks (tp, pp, dp, ep, attention tp/dp) go into the trace file
 and the resource.
 
 Beyond what SGLang decorates, the ops that real crashes happen in and SGLang
-does not decorate are recorded too (`UNDECORATED_OPS`: the embedding lookup,
-where an out-of-vocabulary token fails, the logits processor, the sampler);
+does not decorate are recorded too (the embedding lookup, where an
+out-of-vocabulary token fails, naming the request whose token it was, and
+`UNDECORATED_OPS`: the logits processor, the sampler);
 each fused op's span names its class (`sglang.kernel.op_class`: all of them
 run as `BaseFusedOp.forward`), and once the model is loaded each layer's call
 names its module (`sglang.kernel.module`, `model.layers.1.mlp.down_proj`),
 fixed per layer when it is named, so a call costs nothing more.
+
+A request SGLang rejects before its scheduler (a 400) has its root span
+ended, status ERROR with why, where SGLang leaves it open.
 
 Install it before SGLang is imported: `sglang-otel-kernels run -- python -m
 sglang.launch_server ...` does so in every process of the server (its
@@ -68,14 +72,13 @@ STOPS = {
 }
 # Where crashes happen that SGLang's logger does not see (0.5.23): the
 # embedding lookup (an out-of-vocabulary token: IndexError on the CPU, a
-# device-side assert on a GPU), the logits and the sampler. Named as SGLang
-# names its quant methods' calls, or as it infers a name (None).
-UNDECORATED_OPS = {
-    "sglang.srt.layers.quantization.unquant:UnquantizedEmbeddingMethod.embedding":
-        "sglang.quant_method.UnquantizedEmbeddingMethod.embedding",
-    "sglang.srt.layers.logits_processor:LogitsProcessor.forward": None,
-    "sglang.srt.layers.sampler:Sampler.forward": None,
-}
+# device-side assert on a GPU; recorded by `_patch_embedding`, which also
+# names the request whose token it was), the logits and the sampler, named as
+# SGLang infers a name.
+EMBEDDING_MODULE = "sglang.srt.layers.quantization.unquant"
+EMBEDDING_OP = "sglang.quant_method.UnquantizedEmbeddingMethod.embedding"  # as SGLang names its quant methods' calls
+UNDECORATED_OPS = ("sglang.srt.layers.logits_processor:LogitsProcessor.forward",
+                   "sglang.srt.layers.sampler:Sampler.forward")
 QUANT_METHODS = ("apply", "embedding")  # a layer's quant method's recorded calls, named after the layer
 MAX_REPLAY_REQUESTS = 64  # request ids a replay's span names (its batch span names them all)
 NAMES = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
@@ -108,10 +111,13 @@ def install() -> Instrumentation:
     if _config.get_config().level > 0:
         from ..capture.paths import instrument
 
-        for path, name in UNDECORATED_OPS.items():
-            handle.on_undo(instrument(path, op_name=name).undo)
+        for path in UNDECORATED_OPS:
+            handle.on_undo(instrument(path).undo)
+        handle.on_undo(import_hooks.when_imported(EMBEDDING_MODULE, functools.partial(_patch_embedding, handle)))
         handle.on_undo(import_hooks.when_imported(FUSED_OP_MODULE, functools.partial(_patch_fused_ops, handle)))
         handle.on_undo(import_hooks.when_imported(MODEL_RUNNER_MODULE, functools.partial(_patch_model_runner, handle)))
+        handle.on_undo(import_hooks.when_imported(TOKENIZER_MANAGER_MODULE,
+                                                  functools.partial(_patch_rejections, handle)))
         for module in dict.fromkeys(module for module, _, _ in STOPS):
             handle.on_undo(import_hooks.when_imported(module, functools.partial(_patch_stops, handle)))
     _installed = handle
@@ -293,6 +299,54 @@ def _patch_stops(handle: Instrumentation, module: Any) -> None:
             handle.add(Patch(getattr(module, owner), method, _then_stop(original, reason)))
 
 
+def _own_method(module: Any, owner: str, name: str) -> "tuple[Any, Any]":
+    """(class `owner` of `module`, its own `name`), each None where absent
+    (a version of SGLang without them: nothing is patched)."""
+    cls = getattr(module, owner, None)
+    return cls, (vars(cls).get(name) if isinstance(cls, type) else None)
+
+
+def _patch_rejections(handle: Instrumentation, module: Any) -> None:
+    """`TokenizerManager._release_req_states_on_failure`, which SGLang calls
+    when a request failed before reaching its scheduler (over the context
+    length: a 400): SGLang drops its state and never ends its root span
+    (`Req <rid>`), which read as unfinished for ever in the trace file and
+    never reached the back end. It is ended here, status ERROR with why."""
+    manager, original = _own_method(module, "TokenizerManager", "_release_req_states_on_failure")
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def release(self, request_states, *args, **kwargs):
+        try:
+            _end_rejected(self, request_states, sys.exc_info()[1])
+        except Exception as exc:  # SGLang's cleanup goes on regardless
+            warn_failed_once("ending a rejected request's span", exc)
+        return original(self, request_states, *args, **kwargs)
+
+    handle.add(Patch(manager, "_release_req_states_on_failure", release))
+
+
+def _end_rejected(manager: Any, request_states: Any, exc: "BaseException | None") -> None:
+    """The root spans of the requests of `request_states` that SGLang drops
+    undelivered (as its cleanup decides: still its state, never dispatched)."""
+    from opentelemetry.trace import Status, StatusCode
+
+    from ..record.spans import describe_exception
+
+    states = getattr(manager, "rid_to_state", None) or {}
+    for rid, state in dict(request_states).items():
+        if states.get(rid) is not state or getattr(state, "dispatched", True):
+            continue
+        context = getattr(getattr(state, "time_stats", None), "trace_ctx", None)
+        root = getattr(context, "root_span", None)
+        if root is None or not getattr(root, "is_recording", lambda: False)():
+            continue
+        said = describe_exception(exc) if exc is not None else "the request failed"
+        root.set_status(Status(StatusCode.ERROR, f"rejected before reaching the scheduler: {said}"))
+        context.trace_req_finish()  # SGLang's own ending: its thread spans, then the root
+
+
 def _then_stop(original: Callable, reason: str) -> Callable:
     @functools.wraps(original)
     def stopping(*args, **kwargs):
@@ -448,11 +502,34 @@ def _patch_fused_ops(handle: Instrumentation, module: Any) -> None:
     handle.add(Patch(base, "__init_subclass__", classmethod(__init_subclass__)))
 
 
+def _patch_embedding(handle: Instrumentation, module: Any) -> None:
+    """`UnquantizedEmbeddingMethod.embedding(layer, input_)`, recorded; when
+    it raises IndexError (a token id beyond the table's rows, on the CPU),
+    the requests whose rows hold that id are named on its span
+    (describe/culprits.py): the culprit apart from its batch mates."""
+    from ..capture.decorator import debug_kernel_api
+    from ..describe.culprits import out_of_range
+
+    method, original = _own_method(module, "UnquantizedEmbeddingMethod", "embedding")
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def embedding(self, layer, *args, **kwargs):
+        try:
+            return original(self, layer, *args, **kwargs)
+        except IndexError as exc:
+            out_of_range(exc, args[0] if args else kwargs.get("input_"), getattr(layer, "weight", None),
+                         "the embedding")
+            raise
+
+    handle.add(Patch(method, "embedding", debug_kernel_api(embedding, op_name=EMBEDDING_OP)))
+
+
 def _patch_model_runner(handle: Instrumentation, module: Any) -> None:
     """`ModelRunner.load_model`: once the model is loaded, its layers' calls
     are named after their modules (`label_modules`)."""
-    runner = getattr(module, "ModelRunner", None)
-    original = vars(runner).get("load_model") if isinstance(runner, type) else None
+    runner, original = _own_method(module, "ModelRunner", "load_model")
     if original is None:
         return
 

@@ -22,7 +22,8 @@ from typing import Iterable, Sequence, TypeVar
 from opentelemetry import context as context_api
 from opentelemetry import trace
 
-from ..schema import HAS_INF, HAS_NAN, HUNG, IN_FLIGHT, NONFINITE, NONFINITE_REQUESTS
+from ..schema import (COPY_OF, CULPRIT_REQUESTS, HAS_INF, HAS_NAN, HUNG, IN_FLIGHT, NONFINITE, NONFINITE_REQUESTS,
+                      REQUEST_CULPRIT)
 
 # Request ids `sglang.kernel.nonfinite_requests` names at most (the first ones, in batch order).
 MAX_NONFINITE_REQUESTS = 256
@@ -126,4 +127,16 @@ def copy_span_id(original: int, request_span: int) -> int:
 def copy_of(trace_id: int, span_id: int) -> str:
     """The value of `sglang.kernel.copy_of`: the original's `<trace id>:<span id>`, in hex."""
     return f"{trace_id:032x}:{span_id:016x}"
+
+
+def copy_attributes(attributes: dict, copied: str, request_id) -> dict:
+    """The attributes of the copy (`copied`, the original's `copy_of`) into
+    the trace of request `request_id`: the original's, with
+    `sglang.request.culprit` true in the trace of a request the failure was
+    traced to (`sglang.kernel.culprit_requests`)."""
+    found = {COPY_OF: copied, **attributes}
+    culprits = attributes.get(CULPRIT_REQUESTS)
+    if request_id is not None and isinstance(culprits, (tuple, list)) and str(request_id) in map(str, culprits):
+        found[REQUEST_CULPRIT] = True
+    return found
 

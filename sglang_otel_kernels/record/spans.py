@@ -30,7 +30,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from .._version import __version__
 from ..describe.values import safe_str
 from ..notices import warn_failed_once
-from ..schema import ATTRIBUTES_DROPPED, COPY_OF, GRAPH_CALLS, GRAPH_ID, HAS_INF, HAS_NAN, LEVEL, NAME, SEQ, TRACER_NAME
+from ..schema import ATTRIBUTES_DROPPED, GRAPH_CALLS, GRAPH_ID, HAS_INF, HAS_NAN, LEVEL, NAME, SEQ, TRACER_NAME
 from ..text import utf8
 from . import batches
 from . import processor as _processor
@@ -337,15 +337,16 @@ class KernelSpans:
         if batch is None or not batch.requests:
             return
         original = span.context
-        attributes = {COPY_OF: batches.copy_of(original.trace_id, original.span_id), **attributes}
-        for request, _ in batches.targets(attributes, error, batch.requests):
+        copied = batches.copy_of(original.trace_id, original.span_id)
+        for request, request_id in batches.targets(attributes, error, batch.requests):
             if not request.trace_flags.sampled:
                 continue
             context = SpanContext(request.trace_id, batches.copy_span_id(original.span_id, request.span_id), False,
                                   request.trace_flags)
             self._targets.on_end(_processor.KernelSpan(
                 span.name, context=context, parent=request, links=(Link(original),), resource=span.resource,
-                attributes=self._fitted(dict(attributes)), events=span.events, kind=span.kind, status=span.status,
+                attributes=self._fitted(batches.copy_attributes(attributes, copied, request_id)), events=span.events,
+                kind=span.kind, status=span.status,
                 start_time=span.start_time, end_time=span.end_time, instrumentation_scope=self._scope))
 
     def fail(self, call: tuple, exc: BaseException, note: str = "", added: dict | None = None) -> None:

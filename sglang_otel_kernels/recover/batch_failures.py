@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any
 
-from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, EXCEPTION_SPAN, MODULE, NAME, STAGE, THREAD_NAME
+from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, CULPRIT, CULPRIT_REQUESTS, EXCEPTION_SPAN, MODULE, NAME, STAGE, THREAD_NAME
 from .reader import RecoveredSpan, TraceFileContents
 
 FRAMES = 6  # innermost frames kept of a batch's exception
@@ -115,6 +115,27 @@ def failure_of(batch: RecoveredSpan, spans: list[RecoveredSpan]) -> "tuple[Recov
     return call, frames, where_text(call, frames)
 
 
+def culprit_of(call: "RecoveredSpan | None") -> "dict[str, Any] | None":
+    """What a failed call's inputs were traced to (describe/culprits.py):
+    `{"request_ids", "why"}`, or None where nothing was."""
+    if call is None:
+        return None
+    why, ids = call.attributes.get(CULPRIT), call.attributes.get(CULPRIT_REQUESTS)
+    if not isinstance(why, str):
+        return None
+    return {"request_ids": [str(item) for item in ids] if isinstance(ids, (tuple, list)) else [], "why": why[:512]}
+
+
+def culprit_text(culprit: "dict[str, Any] | None") -> str:
+    """`; request bad-7 caused it: id 99999 (row 1 of 3) is outside the 32000
+    rows of the embedding`, to follow a failure's sentence; "" for none."""
+    if not culprit:
+        return ""
+    if not culprit["request_ids"]:
+        return f"; {culprit['why']}"
+    return f"; {requests_text(culprit['request_ids'])} caused it: {culprit['why']}"
+
+
 def requests_text(ids: list[str], shown: int = 8) -> str:
     """`request bad-req-1`, `requests r1, r2 and 3 more`, `no request ids`."""
     if not ids:
@@ -137,6 +158,7 @@ def batch_summary(span: RecoveredSpan, contents: TraceFileContents, process: dic
         "exception": None if exception is None else {"type": exception["type"], "message": exception["message"]},
         "description": span.status_description,
         "failed_call": None if call is None else call.name,
+        "culprit": culprit_of(call),
         "module": None if call is None else call.attributes.get(MODULE),
         "frames": frames,
         "where": where,
@@ -146,10 +168,12 @@ def batch_summary(span: RecoveredSpan, contents: TraceFileContents, process: dic
 
 
 def failure_sentence(batch: dict[str, Any]) -> str:
-    """`batch sglang.forward_batch (request bad-req-1) failed in <where>: IndexError: ...`, or a stage's."""
+    """`batch sglang.forward_batch (request bad-req-1) failed in <where>: IndexError: ...`, or a stage's;
+    with the request it was traced to, where it was."""
     exception = batch["exception"]
     said = f"{exception['type']}: {exception['message']}" if exception else batch["description"] or "an error"
-    return f"{batch_words(batch['name'], batch['request_ids'], batch.get('stage'))} failed in {batch['where']}: {said}"
+    return (f"{batch_words(batch['name'], batch['request_ids'], batch.get('stage'))} failed in {batch['where']}: {said}"
+            f"{culprit_text(batch.get('culprit'))}")
 
 
 def after_failure(contents: TraceFileContents) -> "dict[str, Any] | None":

@@ -35,8 +35,8 @@ from ..schema import (COLLECTIVE_GROUP as GROUP, COLLECTIVE_GROUP_RANKS as GROUP
                       COLLECTIVE_OUTPUT_SHAPES as OUTPUT_SHAPES, COLLECTIVE_PEER as PEER, COLLECTIVE_REDUCE_OP as REDUCE_OP,
                       COLLECTIVE_ROOT as ROOT, COLLECTIVE_SEQ as SEQ, COLLECTIVE_TAG as TAG, NAME, RECVS, SENDS, STOP_REASON,
                       STOP_SPAN)
-from .batch_failures import (after_failure, after_failure_text, at_death_words, batch_words, failure_of, is_batch,
-                             request_ids, stage_of)
+from .batch_failures import (after_failure, after_failure_text, at_death_words, batch_words, culprit_of, culprit_text,
+                             failure_of, is_batch, request_ids, stage_of)
 from .reader import RecoveredSpan, TraceFileContents, where_written
 # Ops whose tensors may differ in size from rank to rank (uneven splits).
 _UNEVEN = ("all_to_all", "all_to_all_single", "all_gatherv", "reduce_scatterv")
@@ -529,12 +529,13 @@ class _Verdict:
             if failed is not None and (inside is None or OP not in inside.attributes):  # a collective's: a victim
                 add((1, failed.end_time or failed.start_time), rank, "raised", inside or failed,
                     f"rank {rank.rank}'s {batch_words(failed.name, request_ids(failed), stage_of(failed))} failed in "
-                    f"{where}: {failed.status_description}{also(rank)}")
+                    f"{where}: {failed.status_description}{culprit_text(culprit_of(inside))}{also(rank)}")
                 continue
             raised = min((s for s in rank.failed if OP not in s.attributes), key=lambda s: s.end_time or 0, default=None)
             if raised is not None:
                 add((1, raised.end_time or raised.start_time), rank, "raised", raised,
-                    f"rank {rank.rank} raised in {raised.name}: {raised.status_description}{also(rank)}")
+                    f"rank {rank.rank} raised in {raised.name}: {raised.status_description}"
+                    f"{culprit_text(culprit_of(raised))}{also(rank)}")
         # 1b. Ranks with no file, when ranks with one wait for them or something went wrong: what they did
         # is unknown, and those that wait are victims, never the culprit.
         unexplained = [e for e in self.collectives if e["no_file"] and (e["waiting"] or e["failed"])]

@@ -13,8 +13,8 @@ from ..record.tracefile import traceback_path
 from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE,
                       GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, MODULE, NAME, NONFINITE_REQUESTS, OP_CLASS, PREFIX,
                       REPLAY_NAME, REQUEST_ID, SEQ)
-from .batch_failures import (after_failure, after_failure_text, batch_summary, frames_text, is_batch, requests_text,
-                             uncaught, uncaught_sentence)
+from .batch_failures import (after_failure, after_failure_text, batch_summary, culprit_of, frames_text, is_batch,
+                             requests_text, uncaught, uncaught_sentence)
 from .digest import Digest, add_counts, digest, produced_nonfinite
 from .ranks import cross_rank, ending_text, rank_of, state_of, stop_reason, timestamp
 from .ranks import render as render_verdict
@@ -142,6 +142,7 @@ def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents:
         "exception": None if exception is None else {
             "type": exception.get("exception.type"), "message": exception.get("exception.message")},
         "requests": _requests_of(span, by_id),
+        "culprit": culprit_of(span),
         "graph": _graph_of(span, contents),
         "trace_id": f"{span.trace_id:032x}",
         "span_id": f"{span.span_id:016x}",
@@ -178,7 +179,7 @@ GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON an
 
 # The version of `report --json`'s document (docs/report-json.md): raised
 # with each change a reader of the JSON must know of, with the package's.
-REPORT_SCHEMA = 5
+REPORT_SCHEMA = 6
 
 
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
@@ -305,10 +306,19 @@ def batch_lines(batch: dict[str, Any], indent: str = "  ") -> list[str]:
         lines.append(f"{indent}  raised {batch['exception']['type']}: {batch['exception']['message']}")
     if batch["failed_call"]:
         lines.append(f"{indent}  in the kernel call {batch['where']}")
+    lines.extend(culprit_lines(batch.get("culprit"), indent))
     if batch["frames"]:
         lines.append(f"{indent}  innermost frames: {frames_text(batch['frames'], len(batch['frames']))}")
     lines.append(f"{indent}  trace {batch['trace_id']}")
     return lines
+
+
+def culprit_lines(culprit: "dict[str, Any] | None", indent: str) -> list[str]:
+    """What a failure was traced to: `caused by request bad-7: id 99999 ...`."""
+    if not culprit:
+        return []
+    who = f"caused by {requests_text(culprit['request_ids'])}: " if culprit["request_ids"] else "its input: "
+    return [f"{indent}  {who}{culprit['why']}"]
 
 
 def replay_at_death(contents: TraceFileContents) -> RecoveredSpan | None:
@@ -337,6 +347,7 @@ def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
                      else f"{indent}  in flight for {call['seconds']} s when the process was last alive")
     if call["exception"]:
         lines.append(f"{indent}  raised {call['exception']['type']}: {call['exception']['message']}")
+    lines.extend(culprit_lines(call.get("culprit"), indent))
     for path, value in call["inputs"].items():
         lines.append(f"{indent}  {path} = {_render_value(value)}")
     for path, value in call["outputs"].items():  # the proof of a NaN/Inf it produced

@@ -59,13 +59,14 @@ class RequestTraces:
             requests = self._requests_of(current)
             current = self._parent_of(current)
             hops += 1
-        copied = {COPY_OF: batches.copy_of(span.trace_id, span.span_id), **attributes}
+        copied = batches.copy_of(span.trace_id, span.span_id)
         return [dataclasses.replace(
             span, trace_id=trace_id, span_id=batches.copy_span_id(span.span_id, request_span),
             parent_span_id=request_span, parent_is_remote=False, parent_sampled=sampled,
-            trace_flags=(span.trace_flags & ~1) | sampled, attributes=dict(copied), events=list(span.events),
+            trace_flags=(span.trace_flags & ~1) | sampled,
+            attributes=batches.copy_attributes(attributes, copied, request_id), events=list(span.events),
             links=[(span.trace_id, span.span_id, {})])
-            for trace_id, request_span, sampled, _ in batches.targets(attributes, error, requests)]
+            for trace_id, request_span, sampled, request_id in batches.targets(attributes, error, requests)]
 
 
 def of_spans(spans: list[RecoveredSpan]) -> RequestTraces:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .batch_failures import at_death_words, failure_sentence, requests_text, uncaught_sentence
+from .batch_failures import at_death_words, culprit_text, failure_sentence, requests_text, uncaught_sentence
 from .ranks import ending_text, killed_text
 from .reader import where_written
 
@@ -90,7 +90,8 @@ def _first(report: dict[str, Any]) -> "tuple[str, str, str | None]":
         exception = call["exception"]
         said = f"{exception['type']}: {exception['message']}" if exception else call["description"] or "an error"
         also = f" (and {more} more failed call{'s' if more > 1 else ''})" if more else ""
-        return "failed", f"{call['name']} raised {said}{also} ({process_text(call)})", call["file"]
+        return ("failed", f"{call['name']} raised {said}{culprit_text(call.get('culprit'))}{also} ({process_text(call)})",
+                call["file"])
     errors = [(info, error) for info in report["files"] for error in info.get("uncaught") or ()]
     if errors:
         info, error = errors[-1]

@@ -1,0 +1,57 @@
+"""Which request of a batch a failed call's bad input came from, where the
+op lets that be told cheaply: an index beyond the rows of the table it
+indexes (an out-of-vocabulary token id given to an embedding).
+
+Asked only once the call has raised, so a call that succeeds pays nothing
+(beyond the try its caller sets). The rows of the index tensor holding a bad
+id are mapped to the requests of the running batch (record/batches.py), and
+the finding rides on the exception (`explain`) to the call's span, which
+ends with it: `sglang.kernel.culprit_requests` and `sglang.kernel.culprit`.
+On a GPU an out-of-range id is a device-side assert, raised later and with
+the context lost: nothing is read there, and no culprit is named.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..record import batches
+from ..schema import CULPRIT, CULPRIT_REQUESTS
+
+EXPLAINED = "_sglang_otel_kernels_explained"  # the attribute of an exception holding its span's added attributes
+MAX_CULPRITS = 16
+
+
+def out_of_range(exc: BaseException, indices, table, what: str) -> None:
+    """`indices` (integer, leading dimension one per token or per request)
+    indexed the rows of tensor `table` (`what`, in words) and the call raised
+    `exc`: the requests whose rows hold an id outside the table are noted on
+    `exc`. Never raises."""
+    try:
+        if explained(exc) is not None:  # an inner call told it already
+            return
+        if not isinstance(indices, torch.Tensor) or not isinstance(table, torch.Tensor) or indices.dim() == 0 \
+                or table.dim() == 0 or indices.is_floating_point() or indices.device.type != "cpu":
+            return  # an accelerator's tensor after a device error cannot be read
+        rows = table.shape[0]
+        flat = indices.detach().reshape(indices.shape[0], -1)
+        bad = ((flat < 0) | (flat >= rows)).any(dim=1)
+        where = torch.nonzero(bad).flatten().tolist()
+        if not where:
+            return
+        first = flat[where[0]]
+        value = int(first[(first < 0) | (first >= rows)][0])
+        batch = batches.current()
+        owners = None if batch is None else batch.owners(indices.shape[0], where)
+        found = {CULPRIT: f"id {value} (row {where[0]} of {indices.shape[0]}) is outside the {rows} rows of {what}"}
+        if owners:
+            found[CULPRIT_REQUESTS] = tuple(owners[:MAX_CULPRITS])
+        setattr(exc, EXPLAINED, found)
+    except Exception:  # noqa: BLE001 - an explanation never replaces the call's own exception
+        return
+
+
+def explained(exc: BaseException) -> "dict | None":
+    """The attributes `out_of_range` noted on `exc`, if any."""
+    found = getattr(exc, EXPLAINED, None)
+    return found if isinstance(found, dict) else None
