@@ -46,7 +46,8 @@ def get(url: str):
 
 def wait(what: str, probe, timeout: float = 60.0, detail=None):
     """`probe()`'s first true answer, polled until `timeout`; else an
-    AssertionError naming `what` (and `detail`, as it then reads)."""
+    AssertionError naming `what` (and `detail`, as it then reads: called
+    then, where it is a function)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -56,6 +57,8 @@ def wait(what: str, probe, timeout: float = 60.0, detail=None):
         except (OSError, ValueError, KeyError):
             pass
         if time.monotonic() > deadline:
+            if callable(detail):
+                detail = detail()
             raise AssertionError(f"{what}: not within {timeout} s" + (f"; {detail}" if detail is not None else ""))
         time.sleep(0.25)
 

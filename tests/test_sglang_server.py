@@ -23,6 +23,7 @@ import html
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -536,39 +537,80 @@ def test_server_stopped_with_sigterm_reads_as_stopped(sglang_python, models, tmp
     assert all(state == "stopped" for state, _, _ in states.values()), states
 
 
-def test_frozen_then_killed_idle_then_restarted_over_the_same_directory(sglang_python, models, tmp_path):
+def test_frozen_then_killed_idle_then_restarted_over_the_same_directory(sglang_python, models, backends, tmp_path):
     """What an on-call engineer meets most, each read the same by the text,
-    the JSON and the exit status: the scheduler frozen (SIGSTOP) is a hang
-    on its one rank, and healthy again once it resumes; killed idle (the
-    OOM killer, seconds after its last request returned 200) it died
-    serving no request; a new server started over the directory leads the
-    report, the old death dated behind it."""
+    the JSON, the exit status, `watch` (and its spans in Jaeger), `report
+    --jaeger` and the files copied off the node: the scheduler frozen
+    (SIGSTOP) is a hang on its one rank, and healthy again once it resumes;
+    killed idle (the OOM killer, seconds after its last request returned
+    200) it died serving no request; a new server started over the directory
+    leads the report, the old death dated behind it. With SGLang's
+    --enable-trace, as docs/sglang.md sets it up."""
+    jaeger, collector = backends
 
-    def verdict(*args: str) -> "tuple[int, str, dict]":
-        text, document = report(*args, str(tmp_path)), report("--json", *args, str(tmp_path))
+    def verdict(*args: str, where: "str | None" = str(tmp_path)) -> "tuple[int, str, dict]":
+        args += (where,) if where else ()
+        text, document = report(*args), report("--json", *args)
+        assert document.stdout, document.stderr
         found = json.loads(document.stdout)["verdict"]
         assert text.returncode == document.returncode == found["exit_status"], (text.stdout, found)
         return text.returncode, text.stdout.splitlines()[0], found
 
-    server = Server(sglang_python, tmp_path, models["dummy"], 1, dummy=True)
+    def verdict_spans(reason: str) -> list:
+        found = get(f"{jaeger.query}/api/traces?service=sglang&operation=sglang.verdict&limit=50&lookback=1h")
+        return [span for trace in (found or {}).get("data") or () for span in trace["spans"]
+                if {"key": "sglang.verdict.reason", "type": "string", "value": reason} in span["tags"]]
+
+    server = Server(sglang_python, tmp_path, models["dummy"], 1, "--enable-trace", "--otlp-traces-endpoint",
+                    collector.address, dummy=True, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                    OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_BSP_SCHEDULE_DELAY="200")
+    said = tmp_path.parent / f"{tmp_path.name}-watch.log"
+    with open(said, "w") as log:
+        watcher = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "watch", str(tmp_path), "--interval",
+                                    "0.5", "--hang-seconds", "6"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                   env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                                                 OTEL_EXPORTER_OTLP_INSECURE="true"))
+
+    def watch_said(words: str) -> "str | None":
+        return next((line for line in said.read_text().splitlines() if words in line), None)
+
     try:
         status, answer = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 4},
                                           "rid": "done-ok-1"})
         assert status == 200, answer
         scheduler = server.pids()["sglang::scheduler"]
+        wait("watch following the live files", lambda: watch_said(": no suspect: 1 ranks"), timeout=60,
+             detail=lambda: said.read_text())
         os.kill(scheduler, signal.SIGSTOP)
         time.sleep(8)  # past the 5 s that make a heartbeat stale, and the threshold below
         status, first, found = verdict("--hang-seconds", "6")
         assert status == 1 and found["kind"] == "hung", first
         assert first.startswith("rank 0 is frozen: its heartbeat stopped at "), first
+        # watch says it, and its ERROR span reaches Jaeger while the hang lasts.
+        wait("watch saying the hang", lambda: watch_said(": rank 0 is frozen: its heartbeat stopped at "),
+             timeout=30, detail=lambda: said.read_text())
+        wait("the hang's verdict span in Jaeger", lambda: verdict_spans("hung"), timeout=60)
         os.kill(scheduler, signal.SIGCONT)
         resumed = wait("the scheduler's heartbeat back", lambda: (lambda seen: seen if seen[0] == 0 else None)(
             verdict("--hang-seconds", "6")), timeout=60)
         assert resumed[2]["kind"] == "clean" and resumed[1].startswith("no suspect: 1 ranks (1 running)"), resumed
+        wait("watch and Jaeger saying the hang ended", lambda: verdict_spans("none") and len(
+            [line for line in said.read_text().splitlines() if ": no suspect: 1 ranks" in line]) >= 2, timeout=60,
+             detail=lambda: said.read_text())
         time.sleep(3)  # idle since the request returned
         os.kill(scheduler, signal.SIGKILL)
         server.wait_gone(scheduler)
+        # A death between kernel calls (here, idle) is announced, naming no request.
+        death = wait("watch saying the death", lambda: watch_said("with no kernel call or batch running"),
+                     timeout=30, detail=lambda: said.read_text())
+        assert ": rank 0 died at " in death and "done-ok-1" not in death, death
+        # Its sidecar tells the back end how the scheduler ended before the launcher is killed.
+        wait("the death span in Jaeger", lambda: get(
+            f"{jaeger.query}/api/traces?service=sglang&operation=sglang.process.death&limit=5&lookback=1h")["data"],
+             timeout=60)
     finally:
+        watcher.send_signal(signal.SIGTERM)
+        watcher.wait(timeout=60)
         server.close()
     status, first, found = verdict()
     assert status == 1 and found["kind"] == "died", first
@@ -577,6 +619,24 @@ def test_frozen_then_killed_idle_then_restarted_over_the_same_directory(sglang_p
     document = json.loads(report("--json", str(tmp_path)).stdout)
     assert document["batches_at_death"] == [] and not document["crashed"], document["batches_at_death"]
     assert not any(span["name"] == "sglang.forward_batch" for span in document["in_flight_other_spans"])
+    # The back end read as the files are: the same kind, the same exit status.
+    status_there, first_there, found_there = verdict("--jaeger", jaeger.query, "--service", "sglang", where=None)
+    assert (status_there, found_there["kind"]) == (1, "died"), first_there
+    assert first_there.startswith("rank 0 died ") and "done-ok-1" not in first_there, first_there
+    # Copied off the node (cp without -p; a tar, its times to the second): the same verdict.
+    copied, unpacked = tmp_path.parent / f"{tmp_path.name}-cp", tmp_path.parent / f"{tmp_path.name}-tar"
+    copied.mkdir()
+    unpacked.mkdir()
+    for name in os.listdir(tmp_path):
+        if name.startswith("trace_"):
+            shutil.copy(tmp_path / name, copied / name)
+    subprocess.run(["tar", "-C", str(tmp_path), "-cf", str(unpacked / "files.tar"), "--format=ustar",
+                    *[name for name in os.listdir(tmp_path) if name.startswith("trace_")]], check=True)
+    subprocess.run(["tar", "-C", str(unpacked), "-xf", str(unpacked / "files.tar")], check=True)
+    os.remove(unpacked / "files.tar")
+    for where in (copied, unpacked):
+        assert verdict(where=str(where)) == (status, first, {**found, "file": found["file"].replace(
+            str(tmp_path), str(where))}), where
 
     again = Server(sglang_python, tmp_path, models["dummy"], 1, dummy=True)
     try:

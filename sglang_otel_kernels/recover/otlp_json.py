@@ -100,6 +100,9 @@ def resource_attributes(metadata: dict) -> dict:
     attributes = dict(resource) if isinstance(resource, dict) else {"service.name": "unknown_service"}
     if "pid" in metadata:
         attributes.setdefault("process.pid", metadata["pid"])
+    # As the kernel spans carry it (record/setup.py): a back end's reader tells a process by its host and pid.
+    if isinstance(metadata.get("host"), str) and metadata["host"]:
+        attributes.setdefault("host.name", metadata["host"])
     ranks = metadata.get("ranks")
     if isinstance(ranks, dict):
         # Older files wrote the environment's ranks as text.
