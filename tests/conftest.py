@@ -17,6 +17,17 @@ def strip_timestamps(text: str) -> str:
     return _TIMESTAMP.sub("[TS]", text)
 
 
+# The files that run longest (pytest --durations), started first: with `--dist loadfile` a file runs whole
+# on one worker, and a long one started last (these sort late) runs on alone while the others sit idle.
+LONGEST_FIRST = ("test_sglang_server.py", "test_sglang_real.py", "test_cores.py", "test_gateway.py", "test_ranks.py",
+                 "test_alerts.py", "test_docs.py", "test_collectives.py", "test_sglang_fidelity.py")
+
+
+def pytest_collection_modifyitems(items):
+    order = {name: number for number, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: the rest as collected
+
+
 @pytest.fixture(autouse=True)
 def restore_config():
     """Each test starts with the trace file off (tests of it turn it on) and

@@ -163,8 +163,9 @@ def test_a_stuck_rank_is_named_while_the_job_hangs_and_after_a_watchdog_kills_it
         verdict = document["cross_rank"]
         assert status == 1
         assert re.fullmatch(r"rank 2 was stuck in layer\.stuck for [1-9][\d.]* s when it was killed from outside \(no "
-                            r"fatal signal recorded\); it never entered all_reduce #5 of group default_pg, which ranks "
-                            r"0, 1, 3 waited in", text.splitlines()[0]), text
+                            r"fatal signal recorded\), while its batch decode_batch served requests req-1, req-2; it "
+                            r"never entered all_reduce #5 of group default_pg, which ranks 0, 1, 3 waited in",
+                            text.splitlines()[0]), text
         assert (verdict["suspects"][0]["rank"], verdict["suspects"][0]["call"]) == (2, "layer.stuck")
         assert verdict["suspects"][0]["reason"] == "killed_while_stuck"
         assert _entry(verdict, "all_reduce", 5)["missing"] == [2]
@@ -536,8 +537,9 @@ def test_report_from_jaeger_alone_names_the_rank_and_its_kernel_after_the_files_
         # As the files said it (the running time up to the last sign of life the sidecar exported, and
         # how the process ended, which the sidecar put on the calls it left in flight).
         assert re.fullmatch(r"rank 2 was stuck in layer\.stuck for [1-9][\d.]* s when it was killed from outside "
-                            r"\(no fatal signal recorded\); it never entered all_reduce #5 of group default_pg, which "
-                            r"ranks 0, 1, 3 waited in", verdict["verdict"]), verdict["verdict"]
+                            r"\(no fatal signal recorded\), while its batch decode_batch served requests req-1, req-2; "
+                            r"it never entered all_reduce #5 of group default_pg, which ranks 0, 1, 3 waited in",
+                            verdict["verdict"]), verdict["verdict"]
         assert [(s["rank"], s["call"], s["reason"]) for s in verdict["suspects"]] == \
             [(2, "layer.stuck", "killed_while_stuck")]
         assert sorted(rank["rank"] for rank in verdict["ranks"]) == [0, 1, 2, 3]

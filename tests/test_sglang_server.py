@@ -426,7 +426,13 @@ def test_sigkill_mid_request_with_sglangs_own_tracing_reaches_jaeger_and_pages(s
                     collector.address, dummy=True, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
                     OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_BSP_SCHEDULE_DELAY="200")
     trace_id = 0x0CF7651916CD43DD8448EB211C80319E
+    said = tmp_path.parent / f"{tmp_path.name}-watch.log"
+    with open(said, "w") as log:
+        watcher = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "watch", str(tmp_path), "--interval",
+                                    "0.5"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=clean_env())
     try:
+        wait("watch following the scheduler", lambda: ": no suspect: 1 ranks" in said.read_text(), timeout=60,
+             detail=said.read_text)
         long = threading.Thread(target=lambda: server.generate(
             {"text": "hello", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}, "rid": "long-1"},
             {"traceparent": f"00-{trace_id:032x}-d7ad6b7169203331-01"}, timeout=300))
@@ -437,8 +443,15 @@ def test_sigkill_mid_request_with_sglangs_own_tracing_reaches_jaeger_and_pages(s
             1 for s in spans_of(path) if s.name == "sglang.forward_batch") >= 5, timeout=120)
         os.kill(scheduler, signal.SIGKILL)
         server.wait_gone(scheduler)
+        # watch announces the death wherever the kill landed: in a kernel call, or between two (the batch).
+        death = wait("watch saying the death", lambda: next(
+            (line for line in said.read_text().splitlines() if ": rank 0 died " in line), None), timeout=30,
+                     detail=said.read_text)
+        assert "long-1" in death, death
         long.join(timeout=300)
     finally:
+        watcher.send_signal(signal.SIGTERM)
+        watcher.wait(timeout=60)
         server.close()
     in_flight = json.loads(report("--json", path).stdout)["in_flight"]
 

@@ -522,7 +522,8 @@ class _Verdict:
             call = rank.innermost(kernels)
             if call is not None and rank.state == "died":
                 reason, words = self._death(rank, call, call.name)
-                add((1, call.start_time), rank, reason, call, f"rank {rank.rank} {words}{also(rank)}")
+                add((1, call.start_time), rank, reason, call,
+                    f"rank {rank.rank} {words}{self._serving(rank)}{also(rank)}")
                 continue
             failed = min(rank.failed_batches, key=lambda s: s.end_time or 0, default=None)
             inside, _, where = failure_of(failed, rank.contents.spans) if failed is not None else (None, [], "")
