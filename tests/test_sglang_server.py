@@ -142,6 +142,33 @@ class Server:
         self.log.close()
 
 
+class Watch:
+    """`sglang-otel-kernels watch DIRECTORY --interval 0.5 ARGS` beside a
+    server, what it prints kept in a file beside the directory."""
+
+    def __init__(self, directory, *args: str, **env: str) -> None:
+        self.log_path = f"{directory}-watch.log"
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "sglang_otel_kernels", "watch", str(directory), "--interval", "0.5", *args],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=clean_env(**env))
+
+    def text(self) -> str:
+        with open(self.log_path, errors="replace") as log:
+            return log.read()
+
+    def lines(self, words: str) -> list[str]:
+        return [line for line in self.text().splitlines() if words in line]
+
+    def said(self, what: str, words: str, timeout: float = 30) -> str:
+        """The first line holding `words`, waited for (`what`, in the failure's words)."""
+        return wait(what, lambda: next(iter(self.lines(words)), None), timeout=timeout, detail=self.text)
+
+    def close(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=60)
+
+
 def _descendants(pid: int) -> list[int]:
     children = []
     try:
@@ -196,6 +223,7 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
     server = Server(sglang_python, tmp_path, models["dummy"], 1, "--enable-trace", "--otlp-traces-endpoint",
                     collector.address, dummy=True, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
                     OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_BSP_SCHEDULE_DELAY="200")
+    watch = Watch(tmp_path)
     try:
         good_trace, bad_trace = 0x0AF7651916CD43DD8448EB211C80319C, 0x0BF7651916CD43DD8448EB211C80319D
         rejected_trace = 0x0CF7651916CD43DD8448EB211C80319E
@@ -208,6 +236,7 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
                                          {"traceparent": f"00-{rejected_trace:032x}-d7ad6b7169203331-01"})
         assert status == 400, answer
         scheduler = server.pids()["sglang::scheduler"]
+        watch.said("watch following the scheduler", ": no suspect: 1 ranks", timeout=60)
         # The bad token among requests sent at once: the report names the request that carried it.
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             mates = [pool.submit(server.generate, {"input_ids": [5, 6, 7, 8], "rid": f"mate-{number}",
@@ -221,7 +250,10 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
         server.wait_gone(scheduler)
         server.process.wait(timeout=60)
         assert "IndexError" in server.text()
+        # watch names the culprit as the report does.
+        watch.said("watch saying the failed batch", "; request bad-req-1 caused it: id 99999 (row ")
     finally:
+        watch.close()
         server.close()
 
     # One page: with SGLang's provider exporting the kernel spans, the scheduler's sidecar read its file once
@@ -426,13 +458,9 @@ def test_sigkill_mid_request_with_sglangs_own_tracing_reaches_jaeger_and_pages(s
                     collector.address, dummy=True, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
                     OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_BSP_SCHEDULE_DELAY="200")
     trace_id = 0x0CF7651916CD43DD8448EB211C80319E
-    said = tmp_path.parent / f"{tmp_path.name}-watch.log"
-    with open(said, "w") as log:
-        watcher = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "watch", str(tmp_path), "--interval",
-                                    "0.5"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=clean_env())
+    watch = Watch(tmp_path)
     try:
-        wait("watch following the scheduler", lambda: ": no suspect: 1 ranks" in said.read_text(), timeout=60,
-             detail=said.read_text)
+        watch.said("watch following the scheduler", ": no suspect: 1 ranks", timeout=60)
         long = threading.Thread(target=lambda: server.generate(
             {"text": "hello", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}, "rid": "long-1"},
             {"traceparent": f"00-{trace_id:032x}-d7ad6b7169203331-01"}, timeout=300))
@@ -444,14 +472,11 @@ def test_sigkill_mid_request_with_sglangs_own_tracing_reaches_jaeger_and_pages(s
         os.kill(scheduler, signal.SIGKILL)
         server.wait_gone(scheduler)
         # watch announces the death wherever the kill landed: in a kernel call, or between two (the batch).
-        death = wait("watch saying the death", lambda: next(
-            (line for line in said.read_text().splitlines() if ": rank 0 died " in line), None), timeout=30,
-                     detail=said.read_text)
+        death = watch.said("watch saying the death", ": rank 0 died ")
         assert "long-1" in death, death
         long.join(timeout=300)
     finally:
-        watcher.send_signal(signal.SIGTERM)
-        watcher.wait(timeout=60)
+        watch.close()
         server.close()
     in_flight = json.loads(report("--json", path).stdout)["in_flight"]
 
@@ -577,53 +602,56 @@ def test_frozen_then_killed_idle_then_restarted_over_the_same_directory(sglang_p
     server = Server(sglang_python, tmp_path, models["dummy"], 1, "--enable-trace", "--otlp-traces-endpoint",
                     collector.address, dummy=True, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
                     OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_BSP_SCHEDULE_DELAY="200")
-    said = tmp_path.parent / f"{tmp_path.name}-watch.log"
-    with open(said, "w") as log:
-        watcher = subprocess.Popen([sys.executable, "-m", "sglang_otel_kernels", "watch", str(tmp_path), "--interval",
-                                    "0.5", "--hang-seconds", "6"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                   env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
-                                                 OTEL_EXPORTER_OTLP_INSECURE="true"))
-
-    def watch_said(words: str) -> "str | None":
-        return next((line for line in said.read_text().splitlines() if words in line), None)
+    # Its metrics exported every second: the hang's gauge is seen while the hang lasts.
+    watch = Watch(tmp_path, "--hang-seconds", "6", OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                  OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_METRIC_EXPORT_INTERVAL="1000")
 
     try:
+        done_trace = 0x0DF7651916CD43DD8448EB211C80319F
         status, answer = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 4},
-                                          "rid": "done-ok-1"})
+                                          "rid": "done-ok-1"},
+                                         {"traceparent": f"00-{done_trace:032x}-e7ad6b7169203331-01"})
         assert status == 200, answer
         scheduler = server.pids()["sglang::scheduler"]
-        wait("watch following the live files", lambda: watch_said(": no suspect: 1 ranks"), timeout=60,
-             detail=lambda: said.read_text())
+        watch.said("watch following the live files", ": no suspect: 1 ranks", timeout=60)
         os.kill(scheduler, signal.SIGSTOP)
         time.sleep(8)  # past the 5 s that make a heartbeat stale, and the threshold below
         status, first, found = verdict("--hang-seconds", "6")
         assert status == 1 and found["kind"] == "hung", first
         assert first.startswith("rank 0 is frozen: its heartbeat stopped at "), first
         # watch says it, and its ERROR span reaches Jaeger while the hang lasts.
-        wait("watch saying the hang", lambda: watch_said(": rank 0 is frozen: its heartbeat stopped at "),
-             timeout=30, detail=lambda: said.read_text())
+        watch.said("watch saying the hang", ": rank 0 is frozen: its heartbeat stopped at ")
         wait("the hang's verdict span in Jaeger", lambda: verdict_spans("hung"), timeout=60)
+        # The gauge a page fires on, as the Collector serves it to Prometheus (0 once the hang is over).
+        gauge = 'sglang_job_suspect{'
+        wait("the hang's gauge", lambda: [line for line in collector.samples("sglang_", "PROMETHEUS_PORT")
+                                          if line.startswith(gauge) and 'reason="hung"' in line
+                                          and line.endswith(" 1")], timeout=30)
         os.kill(scheduler, signal.SIGCONT)
         resumed = wait("the scheduler's heartbeat back", lambda: (lambda seen: seen if seen[0] == 0 else None)(
             verdict("--hang-seconds", "6")), timeout=60)
         assert resumed[2]["kind"] == "clean" and resumed[1].startswith("no suspect: 1 ranks (1 running)"), resumed
+        wait("the hang's gauge back to 0", lambda: [line for line in collector.samples("sglang_", "PROMETHEUS_PORT")
+                                                    if line.startswith(gauge) and 'reason="hung"' in line
+                                                    and line.endswith(" 0")], timeout=30)
         wait("watch and Jaeger saying the hang ended", lambda: verdict_spans("none") and len(
-            [line for line in said.read_text().splitlines() if ": no suspect: 1 ranks" in line]) >= 2, timeout=60,
-             detail=lambda: said.read_text())
+            watch.lines(": no suspect: 1 ranks")) >= 2, timeout=60, detail=watch.text)
         time.sleep(3)  # idle since the request returned
         os.kill(scheduler, signal.SIGKILL)
         server.wait_gone(scheduler)
         # A death between kernel calls (here, idle) is announced, naming no request.
-        death = wait("watch saying the death", lambda: watch_said("with no kernel call or batch running"),
-                     timeout=30, detail=lambda: said.read_text())
+        death = watch.said("watch saying the death", "with no kernel call or batch running")
         assert ": rank 0 died at " in death and "done-ok-1" not in death, death
         # Its sidecar tells the back end how the scheduler ended before the launcher is killed.
         wait("the death span in Jaeger", lambda: get(
             f"{jaeger.query}/api/traces?service=sglang&operation=sglang.process.death&limit=5&lookback=1h")["data"],
              timeout=60)
+        # The request that succeeded before it is not blamed: nothing in its trace is an error.
+        done = _jaeger_trace(jaeger, done_trace)
+        assert done and not [span["operationName"] for span in done["spans"]
+                             if {"key": "error", "type": "bool", "value": True} in span["tags"]], done
     finally:
-        watcher.send_signal(signal.SIGTERM)
-        watcher.wait(timeout=60)
+        watch.close()
         server.close()
     status, first, found = verdict()
     assert status == 1 and found["kind"] == "died", first
