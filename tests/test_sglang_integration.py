@@ -286,12 +286,9 @@ def test_a_batch_failed_on_one_requests_token_names_that_request_apart_from_the_
     assert proc.returncode == 0, proc.stderr
     assert "raised index out of range in self" in proc.stdout, proc.stdout
     path = proc.stdout.strip().splitlines()[-1]
-    [call] = [span for span in sok.read_trace(path) if span.name == "sglang.quant_method.UnquantizedEmbeddingMethod.embedding"]
+    call, text = _failed_call_and_report(path, "sglang.quant_method.UnquantizedEmbeddingMethod.embedding")
     assert call.status_code == "ERROR" and call.attributes[K + "culprit_requests"] == ("bad-2",)
     assert call.attributes[K + "culprit"] == "id 99999 (row 5 of 10) is outside the 32000 rows of the embedding"
-    text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", path], capture_output=True,
-                          text=True, timeout=120, env=clean_env())
-    assert text.returncode == 1, text.stdout + text.stderr
     first = text.stdout.splitlines()[0]
     assert first.startswith("the batch sglang.forward_batch (requests ok-0, ok-1, bad-2, ok-3) failed in "
                             "sglang.quant_method.UnquantizedEmbeddingMethod.embedding: IndexError"), first
@@ -319,6 +316,79 @@ def test_a_batch_failed_on_one_requests_token_names_that_request_apart_from_the_
         copies[rid] = {item["key"]: item["value"] for item in copy["attributes"]}
     assert {rid: "boolValue" in attributes.get("sglang.request.culprit", {}) for rid, attributes in copies.items()} \
         == {"ok-0": False, "ok-1": False, "bad-2": True, "ok-3": False}, copies
+
+
+def _failed_call_and_report(path: str, name: str) -> "tuple[object, subprocess.CompletedProcess]":
+    """The one call named `name` of the trace file, and `report` of the file (a failure: exit status 1)."""
+    [call] = [span for span in sok.read_trace(path) if span.name == name]
+    text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", path], capture_output=True,
+                          text=True, timeout=120, env=clean_env())
+    assert text.returncode == 1, text.stdout + text.stderr
+    return call, text
+
+
+# SGLang's sampler (sglang.srt.layers.sampler, 0.5.23: the top logprobs by torch's topk, k the batch's
+# largest top_logprobs_num), and a scheduler whose decode step samples its batch's logits.
+SAMPLER = '''
+import torch
+
+
+class Sampler(torch.nn.Module):
+    def forward(self, logits_output, sampling_info, return_logprob, top_logprobs_nums, token_ids_logprobs, positions):
+        logits = logits_output.next_token_logits
+        if return_logprob:
+            torch.log_softmax(logits, dim=-1).topk(max(top_logprobs_nums), dim=-1)
+        return logits.argmax(dim=-1)
+'''
+SAMPLING_SCHEDULER = SCHEDULER + '''
+import torch
+from sglang.srt.layers.sampler import Sampler
+
+
+def run_batch(self, batch):
+    logits = types.SimpleNamespace(next_token_logits=torch.zeros(len(batch.reqs), 320))
+    return Sampler()(logits, None, True, [req.top_logprobs_num for req in batch.reqs], None, None)
+
+
+Scheduler.run_batch = run_batch
+'''
+
+
+def test_a_request_asking_more_top_logprobs_than_the_vocabulary_has_is_named_apart(sglang_tree, tmp_path):
+    """A decode batch of three, one asking for 500 top logprobs of a
+    320-token vocabulary: torch's topk fails the whole batch in the
+    sampler; the report names that request, not its batch mates."""
+    tree, _ = sglang_tree
+    sampling_tree = tmp_path / "tree"
+    shutil.copytree(tree, sampling_tree)
+    (sampling_tree / "sglang/srt/layers/sampler.py").write_text(SAMPLER)
+    (sampling_tree / "sglang/srt/managers/scheduler.py").write_text(SAMPLING_SCHEDULER)
+    proc = launch(sampling_tree, tmp_path, """
+        import torch, types
+        from sglang.srt.managers import scheduler
+        import sglang_otel_kernels as sok
+        requests = []
+        for rid, asked in (("ok-0", 2), ("greedy-1", 500), ("ok-2", 1)):
+            requests.append(scheduler.request(rid, None, None))
+            requests[-1].top_logprobs_num = asked
+        mode = types.SimpleNamespace(is_decode=lambda: True, is_extend=lambda: False)
+        try:
+            scheduler.Scheduler().run_batch(types.SimpleNamespace(reqs=requests, forward_mode=mode))
+        except RuntimeError as exc:
+            print("raised", exc)
+        print(sok.trace_file_path())
+    """, "--level", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "raised selected index k out of range" in proc.stdout, proc.stdout
+    call, text = _failed_call_and_report(proc.stdout.strip().splitlines()[-1], "srt.layers.sampler.Sampler.forward")
+    assert call.attributes[K + "culprit_requests"] == ("greedy-1",)
+    assert call.attributes[K + "culprit"] == ("top_logprobs_num 500 (row 1 of 3) is more than the 320 tokens of the "
+                                              "vocabulary")
+    first = text.stdout.splitlines()[0]
+    assert first.startswith("the batch sglang.forward_batch (requests ok-0, greedy-1, ok-2) failed in "
+                            "srt.layers.sampler.Sampler.forward: RuntimeError: selected index k out of range"), first
+    assert first.endswith("; request greedy-1 caused it: top_logprobs_num 500 (row 1 of 3) is more than the 320 "
+                          "tokens of the vocabulary"), first
 
 
 def test_a_scheduler_that_fails_to_start_is_a_failure(sglang_tree, tmp_path):

@@ -504,6 +504,34 @@ def test_sigkill_mid_request_with_sglangs_own_tracing_reaches_jaeger_and_pages(s
     assert not in_flight or in_flight[-1]["name"] in names, (names, in_flight)
 
 
+def test_a_request_asking_more_top_logprobs_than_the_vocabulary_has_is_named_among_its_batch(sglang_python, models,
+                                                                                             tmp_path):
+    """The sampler's crash: one request of a batch asks for 500 top logprobs
+    of the tiny model's vocabulary; torch's topk fails the batch in
+    SGLang's Sampler.forward and the scheduler exits. The report names the
+    batch, the sampler and, apart from its mates, that request."""
+    server = Server(sglang_python, tmp_path, models["dummy"], 1, dummy=True)
+    try:
+        scheduler = server.pids()["sglang::scheduler"]
+        asked = [({"input_ids": [5, 6, 7, 8], "rid": f"mate-{number}", "return_logprob": True,
+                   "top_logprobs_num": 2, "sampling_params": {"max_new_tokens": 4}}) for number in range(3)]
+        asked.append({"input_ids": [5, 6, 7], "rid": "greedy-1", "return_logprob": True, "top_logprobs_num": 500,
+                      "sampling_params": {"max_new_tokens": 4}})
+        with concurrent.futures.ThreadPoolExecutor(len(asked)) as pool:
+            answers = list(pool.map(server.generate, asked))
+        assert answers[-1][0] != 200, answers[-1]
+        server.wait_gone(scheduler)
+    finally:
+        server.close()
+    text = report(str(tmp_path))
+    assert text.returncode == 1, text.stdout + text.stderr
+    first = text.stdout.splitlines()[0]
+    assert re.fullmatch(r"rank 0's batch sglang\.forward_batch \(requests? [^)]*greedy-1[^)]*\) failed in "
+                        r"srt\.layers\.sampler\.Sampler\.forward \(sampler\): RuntimeError: selected index k out of "
+                        r"range; request greedy-1 caused it: top_logprobs_num 500 \(row \d+ of \d+\) is more than the "
+                        r"\d+ tokens of the vocabulary", first), text.stdout
+
+
 def test_tp2_on_the_cpu_fails_to_start_and_the_report_says_where(sglang_python, models, tmp_path):
     """`--tp 2` does not run on the CPU in SGLang 0.5.23: each rank's
     Scheduler(...) fails in PyNcclCommunicator. Both rank files are

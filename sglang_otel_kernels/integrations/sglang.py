@@ -19,9 +19,11 @@ scheduler's ranks (tp, pp, dp, ep, attention tp/dp) go into the trace file
 and the resource.
 
 Beyond what SGLang decorates, the ops that real crashes happen in and SGLang
-does not decorate are recorded too (the embedding lookup, where an
-out-of-vocabulary token fails, naming the request whose token it was, and
-`UNDECORATED_OPS`: the logits processor, the sampler);
+does not decorate are recorded too: the embedding lookup, where an
+out-of-vocabulary token fails, and the sampler, where a request asking for
+more top logprobs than the vocabulary has fails, each naming the request
+whose input it was (`EXPLAINED_OPS`), and the logits processor
+(`UNDECORATED_OPS`);
 each fused op's span names its class (`sglang.kernel.op_class`: all of them
 run as `BaseFusedOp.forward`), and once the model is loaded each layer's call
 names its module (`sglang.kernel.module`, `model.layers.1.mlp.down_proj`),
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
 import sys
 import types
@@ -72,13 +75,11 @@ STOPS = {
 }
 # Where crashes happen that SGLang's logger does not see (0.5.23): the
 # embedding lookup (an out-of-vocabulary token: IndexError on the CPU, a
-# device-side assert on a GPU; recorded by `_patch_embedding`, which also
-# names the request whose token it was), the logits and the sampler, named as
-# SGLang infers a name.
-EMBEDDING_MODULE = "sglang.srt.layers.quantization.unquant"
-EMBEDDING_OP = "sglang.quant_method.UnquantizedEmbeddingMethod.embedding"  # as SGLang names its quant methods' calls
-UNDECORATED_OPS = ("sglang.srt.layers.logits_processor:LogitsProcessor.forward",
-                   "sglang.srt.layers.sampler:Sampler.forward")
+# device-side assert on a GPU) and the sampler (top_logprobs_num beyond the
+# vocabulary: RuntimeError, on either), recorded with the rule that names the
+# request whose input it was (`EXPLAINED_OPS`, below its rules), and the
+# logits, named as SGLang infers a name.
+UNDECORATED_OPS = ("sglang.srt.layers.logits_processor:LogitsProcessor.forward",)
 QUANT_METHODS = ("apply", "embedding")  # a layer's quant method's recorded calls, named after the layer
 MAX_REPLAY_REQUESTS = 64  # request ids a replay's span names (its batch span names them all)
 NAMES = ("debug_kernel_api", "debug_torch_op", "wrap_method_with_debug_kernel_once")
@@ -113,7 +114,9 @@ def install() -> Instrumentation:
 
         for path in UNDECORATED_OPS:
             handle.on_undo(instrument(path).undo)
-        handle.on_undo(import_hooks.when_imported(EMBEDDING_MODULE, functools.partial(_patch_embedding, handle)))
+        for (module, owner, method), (name, rule) in EXPLAINED_OPS.items():
+            handle.on_undo(import_hooks.when_imported(module, functools.partial(
+                _record_explaining, handle, owner, method, name, rule)))
         handle.on_undo(import_hooks.when_imported(FUSED_OP_MODULE, functools.partial(_patch_fused_ops, handle)))
         handle.on_undo(import_hooks.when_imported(MODEL_RUNNER_MODULE, functools.partial(_patch_model_runner, handle)))
         handle.on_undo(import_hooks.when_imported(TOKENIZER_MANAGER_MODULE,
@@ -502,28 +505,59 @@ def _patch_fused_ops(handle: Instrumentation, module: Any) -> None:
     handle.add(Patch(base, "__init_subclass__", classmethod(__init_subclass__)))
 
 
-def _patch_embedding(handle: Instrumentation, module: Any) -> None:
-    """`UnquantizedEmbeddingMethod.embedding(layer, input_)`, recorded; when
-    it raises IndexError (a token id beyond the table's rows, on the CPU),
-    the requests whose rows hold that id are named on its span
-    (describe/culprits.py): the culprit apart from its batch mates."""
+def _record_explaining(handle: Instrumentation, owner: str, method: str, name: "str | None",
+                       rule: Callable[[BaseException, dict], None], module: Any) -> None:
+    """`owner.method` of `module`, recorded as `name` (None: as SGLang
+    infers one); when it raises, `rule(exception, its arguments by name)`
+    notes on the exception which requests' input caused it
+    (describe/culprits.py), which its span then names."""
     from ..capture.decorator import debug_kernel_api
-    from ..describe.culprits import out_of_range
 
-    method, original = _own_method(module, "UnquantizedEmbeddingMethod", "embedding")
+    cls, original = _own_method(module, owner, method)
     if original is None:
         return
+    signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def embedding(self, layer, *args, **kwargs):
+    def explaining(*args, **kwargs):
         try:
-            return original(self, layer, *args, **kwargs)
-        except IndexError as exc:
-            out_of_range(exc, args[0] if args else kwargs.get("input_"), getattr(layer, "weight", None),
-                         "the embedding")
+            return original(*args, **kwargs)
+        except Exception as exc:
+            try:
+                rule(exc, signature.bind(*args, **kwargs).arguments)
+            except Exception:  # noqa: BLE001 - the call's own exception goes on, unexplained
+                pass
             raise
 
-    handle.add(Patch(method, "embedding", debug_kernel_api(embedding, op_name=EMBEDDING_OP)))
+    handle.add(Patch(cls, method, debug_kernel_api(explaining, op_name=name)))
+
+
+def _token_beyond_the_vocabulary(exc: BaseException, arguments: dict) -> None:
+    """`UnquantizedEmbeddingMethod.embedding(layer, input_)` raised IndexError (on the CPU)."""
+    from ..describe.culprits import out_of_range
+
+    if isinstance(exc, IndexError):
+        out_of_range(exc, arguments.get("input_"), getattr(arguments.get("layer"), "weight", None), "the embedding")
+
+
+def _more_top_logprobs_than_tokens(exc: BaseException, arguments: dict) -> None:
+    """`Sampler.forward(logits_output, sampling_info, return_logprob,
+    top_logprobs_nums, ...)`: torch's topk refused a k beyond the logits'
+    width (the largest top_logprobs_num of the batch)."""
+    from ..describe.culprits import more_than
+
+    if isinstance(exc, RuntimeError) and "selected index k out of range" in str(exc):
+        logits = arguments["logits_output"].next_token_logits
+        more_than(exc, arguments.get("top_logprobs_nums") or (), logits.shape[-1], "top_logprobs_num",
+                  "tokens of the vocabulary")
+
+
+# (module, class, method) -> (its span's name, None: as SGLang infers one; the rule naming the culprit).
+EXPLAINED_OPS = {
+    ("sglang.srt.layers.quantization.unquant", "UnquantizedEmbeddingMethod", "embedding"):
+        ("sglang.quant_method.UnquantizedEmbeddingMethod.embedding", _token_beyond_the_vocabulary),
+    ("sglang.srt.layers.sampler", "Sampler", "forward"): (None, _more_top_logprobs_than_tokens),
+}
 
 
 def _patch_model_runner(handle: Instrumentation, module: Any) -> None:
