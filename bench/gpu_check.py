@@ -10,8 +10,12 @@ no network: fetch the pure-Python wheels here, carry them, install them there.
 
 Sections (each isolated: one that fails never stops the others; children
 time out after 90 s; about 6 minutes in all), each printed and written to the
-JSON summary with what the documentation claims beside what was measured (the first two
+JSON summary with what the documentation claims beside what was measured (the first three
 are the newest, and run first):
+  culprits   the culprit request of a failed batch (describe/culprits.py): a request asking for more
+             top logprobs than the logits' width (torch's topk refuses it on the host) named apart from
+             its batch mates; an out-of-range token id in an embedding, a device-side assert, in a
+             child: the call's error recorded and, as docs/sglang.md says, no culprit named
   coredump   a device-side assert and an illegal address in a decorated call, eagerly and inside a
              replayed CUDA graph, with `run --cuda-coredump`: the dump written, and `report` naming
              the kernel, the exception, the lane and the call or replay it ran in
@@ -708,6 +712,70 @@ def nan_check(directory: str) -> dict:
     return result
 
 
+# -- culprits --------------------------------------------------------------------
+
+CHILD_EMBEDDING = r"""
+import torch, sglang_otel_kernels as sok
+from opentelemetry.trace import SpanContext, TraceFlags
+from sglang_otel_kernels.describe.culprits import out_of_range
+
+def lookup(ids, table):
+    try:
+        return torch.nn.functional.embedding(ids, table)
+    except IndexError as exc:  # as the SGLang integration's rule: read on the CPU only
+        out_of_range(exc, ids, table, "the embedding")
+        raise
+
+embedding = sok.debug_kernel_api(op_name="embedding")(lookup)
+members = [(SpanContext(0xA0 + n, 0xB0 + n, True, TraceFlags(1)), f"r{n}") for n in range(3)]
+with sok.forward_batch(members, name="extend", rows=[2, 2, 2]):
+    embedding(torch.tensor([5, 6, 7, 99999, 8, 9], device="cuda"), torch.randn(320, 8, device="cuda"))
+torch.cuda.synchronize()
+"""
+
+
+def culprits(directory: str) -> dict:
+    """The culprit rules on a GPU: the sampler's, in process; the embedding's, in a child (a device-side assert)."""
+    need_cuda()
+    import sglang_otel_kernels as sok
+    from opentelemetry.trace import SpanContext, TraceFlags
+    from sglang_otel_kernels import read_trace_file
+    from sglang_otel_kernels.describe.culprits import more_than
+
+    exporter = recorded(level=1)
+
+    def sample(logits, top_logprobs_nums):
+        try:
+            return torch.log_softmax(logits, dim=-1).topk(max(top_logprobs_nums), dim=-1)
+        except RuntimeError as exc:  # as the SGLang integration's rule for Sampler.forward
+            if "selected index k out of range" in str(exc):
+                more_than(exc, top_logprobs_nums, logits.shape[-1], "top_logprobs_num", "tokens of the vocabulary")
+            raise
+
+    sampler = sok.debug_kernel_api(op_name="sampler")(sample)
+    members = [(SpanContext(0xA0 + n, 0xB0 + n, True, TraceFlags(1)), f"r{n}") for n in range(3)]
+    raised = None
+    with sok.forward_batch(members, name="decode"):
+        try:
+            sampler(torch.zeros(3, 320, device="cuda"), [2, 500, 1])
+        except RuntimeError as exc:
+            raised = str(exc).splitlines()[0]
+    [call] = [s for s in exporter.get_finished_spans()
+              if s.name == "sampler" and "sglang.kernel.copy_of" not in s.attributes]
+    path = os.path.join(directory, "embedding.sgltrace")
+    proc = child(CHILD_EMBEDDING, directory, SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off",
+                 SGLANG_KERNEL_API_TRACEFILE=path, CUDA_LAUNCH_BLOCKING="1")
+    lookups = [s for s in read_trace_file(path).spans if s.name == "embedding"] if os.path.exists(path) else []
+    return {"claim": "the sampler: RuntimeError raised in the call, culprit_requests ('r1',); the embedding: the "
+                     "child fails with the device-side assert, its call ERROR, no culprit named",
+            "sampler raised": raised, "sampler culprit": list(call.attributes.get("sglang.kernel.culprit_requests")
+                                                            or ()),
+            "sampler why": call.attributes.get("sglang.kernel.culprit"),
+            "embedding child exit": proc.returncode, "embedding stderr": proc.stderr.strip()[-300:],
+            "embedding spans": [(s.status_code, (s.status_description or "")[:160],
+                                 s.attributes.get("sglang.kernel.culprit")) for s in lookups]}
+
+
 # -- provenance ------------------------------------------------------------------
 
 
@@ -749,7 +817,7 @@ def provenance(directory: str) -> dict:
                                        if k.endswith((".stats", ".has_nan", ".nan_count"))}}
 
 
-SECTIONS = {"coredump": coredump, "nan_check": nan_check, "syncs": syncs, "stats": stats, "capture": capture, "assert": device_assert, "in_flight": in_flight,
+SECTIONS = {"culprits": culprits, "coredump": coredump, "nan_check": nan_check, "syncs": syncs, "stats": stats, "capture": capture, "assert": device_assert, "in_flight": in_flight,
             "level10": level10, "decode": decode, "graphs": graphs, "provenance": provenance}
 
 

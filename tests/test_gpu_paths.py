@@ -163,8 +163,8 @@ def test_gpu_check_dry_run_on_the_cpu_runs_every_section_and_writes_its_summary(
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     sections = summary["sections"]
-    assert list(sections)[:2] == ["coredump", "nan_check"]  # the newest first, for the first GPU lent
-    assert set(sections) == {"coredump", "nan_check", "syncs", "stats", "capture", "assert", "in_flight", "level10",
+    assert list(sections)[:3] == ["culprits", "coredump", "nan_check"]  # the newest first, for the first GPU lent
+    assert set(sections) == {"culprits", "coredump", "nan_check", "syncs", "stats", "capture", "assert", "in_flight", "level10",
                              "decode", "graphs", "provenance"}
     assert all(s["status"] == "skipped" and s["reason"] == "no CUDA device"
                for name, s in sections.items() if name != "stats")
