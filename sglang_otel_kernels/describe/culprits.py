@@ -30,44 +30,34 @@ def out_of_range(exc: BaseException, indices, table, what: str) -> None:
     """`indices` (integer, leading dimension one per token or per request)
     indexed the rows of tensor `table` (`what`, in words) and the call raised
     `exc`: the requests whose rows hold an id outside the table are noted on
-    `exc`. Never raises."""
-    try:
-        if explained(exc) is not None:  # an inner call told it already
-            return
-        if not isinstance(indices, torch.Tensor) or not isinstance(table, torch.Tensor) or indices.dim() == 0 \
-                or table.dim() == 0 or indices.is_floating_point() or indices.device.type != "cpu":
-            return  # an accelerator's tensor after a device error cannot be read
-        rows = table.shape[0]
-        flat = indices.detach().reshape(indices.shape[0], -1)
-        bad = ((flat < 0) | (flat >= rows)).any(dim=1)
-        where = torch.nonzero(bad).flatten().tolist()
-        if where:
-            first = flat[where[0]]
-            value = int(first[(first < 0) | (first >= rows)][0])
-            _note(exc, where, indices.shape[0], f"id {value} (row {where[0]} of {indices.shape[0]}) is outside the "
-                                                f"{rows} rows of {what}")
-    except Exception:  # noqa: BLE001 - an explanation never replaces the call's own exception
-        return
+    `exc`. Its caller guards it: an explanation never replaces the call's own
+    exception."""
+    if indices.device.type != "cpu" or indices.is_floating_point():
+        return  # an accelerator's tensor after a device error cannot be read
+    rows = table.shape[0]
+    flat = indices.detach().reshape(indices.shape[0], -1)
+    bad = ((flat < 0) | (flat >= rows)).any(dim=1)
+    where = torch.nonzero(bad).flatten().tolist()
+    if where:
+        first = flat[where[0]]
+        value = int(first[(first < 0) | (first >= rows)][0])
+        _note(exc, where, indices.shape[0], f"id {value} (row {where[0]} of {indices.shape[0]}) is outside the "
+                                            f"{rows} rows of {what}")
 
 
-def more_than(exc: BaseException, counts: Sequence, limit: int, what: str, of: str) -> None:
+def more_than(exc: BaseException, counts: Sequence[int], limit: int, what: str, of: str) -> None:
     """`counts` (one per request: `what` each asked for) met an op that has
     `limit` of them (`of`, in words) and the call raised `exc`: the requests
-    that asked for more are noted on `exc`. Never raises."""
-    try:
-        if explained(exc) is not None or type(limit) is not int:
-            return
-        asked = [count if type(count) is int else 0 for count in counts]
-        where = [row for row, count in enumerate(asked) if count > limit]
-        if where:
-            _note(exc, where, len(asked), f"{what} {asked[where[0]]} (row {where[0]} of {len(asked)}) is more than "
-                                          f"the {limit} {of}")
-    except Exception:  # noqa: BLE001 - as above
-        return
+    that asked for more are noted on `exc`. Guarded by its caller, as above."""
+    where = [row for row, count in enumerate(counts) if count > limit]
+    if where:
+        _note(exc, where, len(counts), f"{what} {counts[where[0]]} (row {where[0]} of {len(counts)}) is more than "
+                                       f"the {limit} {of}")
 
 
 def _note(exc: BaseException, rows: list, leading: int, why: str) -> None:
-    """`why` on `exc`, with the requests of the running batch owning `rows` of a tensor whose leading dimension is `leading`."""
+    """`why` on `exc`, with the requests of the running batch owning `rows`
+    of a tensor whose leading dimension is `leading`."""
     batch = batches.current()
     owners = None if batch is None else batch.owners(leading, rows)
     found = {CULPRIT: why}

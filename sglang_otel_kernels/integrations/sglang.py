@@ -338,7 +338,7 @@ def _end_rejected(manager: Any, request_states: Any, exc: "BaseException | None"
     from ..record.spans import describe_exception
 
     states = getattr(manager, "rid_to_state", None) or {}
-    for rid, state in dict(request_states).items():
+    for rid, state in request_states.items():
         if states.get(rid) is not state or getattr(state, "dispatched", True):
             continue
         context = getattr(getattr(state, "time_stats", None), "trace_ctx", None)
@@ -512,6 +512,7 @@ def _record_explaining(handle: Instrumentation, owner: str, method: str, name: "
     notes on the exception which requests' input caused it
     (describe/culprits.py), which its span then names."""
     from ..capture.decorator import debug_kernel_api
+    from ..describe.culprits import explained
 
     cls, original = _own_method(module, owner, method)
     if original is None:
@@ -523,10 +524,11 @@ def _record_explaining(handle: Instrumentation, owner: str, method: str, name: "
         try:
             return original(*args, **kwargs)
         except Exception as exc:
-            try:
-                rule(exc, signature.bind(*args, **kwargs).arguments)
-            except Exception:  # noqa: BLE001 - the call's own exception goes on, unexplained
-                pass
+            if explained(exc) is None:  # else an inner call told it already
+                try:
+                    rule(exc, signature.bind(*args, **kwargs).arguments)
+                except Exception:  # noqa: BLE001 - the call's own exception goes on, unexplained
+                    pass
             raise
 
     handle.add(Patch(cls, method, debug_kernel_api(explaining, op_name=name)))
@@ -537,7 +539,7 @@ def _token_beyond_the_vocabulary(exc: BaseException, arguments: dict) -> None:
     from ..describe.culprits import out_of_range
 
     if isinstance(exc, IndexError):
-        out_of_range(exc, arguments.get("input_"), getattr(arguments.get("layer"), "weight", None), "the embedding")
+        out_of_range(exc, arguments["input_"], arguments["layer"].weight, "the embedding")
 
 
 def _more_top_logprobs_than_tokens(exc: BaseException, arguments: dict) -> None:
@@ -548,8 +550,7 @@ def _more_top_logprobs_than_tokens(exc: BaseException, arguments: dict) -> None:
 
     if isinstance(exc, RuntimeError) and "selected index k out of range" in str(exc):
         logits = arguments["logits_output"].next_token_logits
-        more_than(exc, arguments.get("top_logprobs_nums") or (), logits.shape[-1], "top_logprobs_num",
-                  "tokens of the vocabulary")
+        more_than(exc, arguments["top_logprobs_nums"], logits.shape[-1], "top_logprobs_num", "tokens of the vocabulary")
 
 
 # (module, class, method) -> (its span's name, None: as SGLang infers one; the rule naming the culprit).

@@ -139,4 +139,3 @@ def copy_attributes(attributes: dict, copied: str, request_id) -> dict:
     if request_id is not None and isinstance(culprits, (tuple, list)) and str(request_id) in map(str, culprits):
         found[REQUEST_CULPRIT] = True
     return found
-
