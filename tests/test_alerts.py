@@ -344,6 +344,13 @@ def test_a_crash_outside_any_kernel_call_pages_once_with_why(stack, tmp_path):
             assert alert["labels"]["host_name"] == socket.gethostname()
             assert alert["annotations"]["runbook_url"] == "docs/runbook.md#processcrashed"
         assert {name for name, _ in seen} == {"ProcessCrashed"}, seen
+        # The page renders the verdict `report` reads of the same file: one decision, one ending.
+        for how, reason in (("raise", "RuntimeError"), ("kill", "killed"), ("kill-own", "killed")):
+            report = json.loads(subprocess.run(
+                [sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path / how), "--json"],
+                capture_output=True, text=True, timeout=120).stdout)
+            [ending] = [info["ending"] for info in report["files"]]
+            assert (ending["why"], ending["call"], ending["pages"]) == (reason, "layer.last", True), ending
         wait("both resolved", lambda: not any(_of(prometheus, f"alerts-{how}") for how in workers), timeout=90)
     finally:
         for worker in workers.values():

@@ -160,6 +160,17 @@ def test_a_process_told_to_stop_reads_as_stopped_whether_it_exits_or_is_killed(t
     [info] = document["files"]
     assert (info["state"], info["stop_reason"]) == ("stopped", "the engine's shutdown request"), info
     assert not document["crashed"] and not document["batches_at_death"]
+    assert (info["ending"]["kind"], info["ending"]["pages"]) == ("stopped", False), info["ending"]
+    # What `watch` keeps of the file as it follows it reads the same way.
+    from sglang_otel_kernels.recover.ranks import state_of
+    from sglang_otel_kernels.recover.watch import LiveFile
+
+    live = LiveFile(str(tmp_path / "t.sgltrace"))
+    try:
+        live.poll()
+        assert state_of(live.contents(), time.time_ns()) == "stopped"
+    finally:
+        live.close()
 
 
 def test_a_batch_that_raised_outside_every_recorded_call_is_a_failure(tmp_path):

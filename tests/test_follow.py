@@ -659,7 +659,8 @@ def test_the_sidecars_gauges_name_the_innermost_call_and_read_0_once_when_it_is_
     # The stuck call's series reads 0 once, so that its last value does not linger where it is served.
     assert {key: value for key, value in exported.exports[-1].items() if key[0] == gauge} == {
         (gauge, collective): 2.0, (gauge, stuck): 0}
-    metrics.ended(True, [outer, inner], "")
+    metrics.ended({"kind": "killed", "signal": None, "died_in": {"name": "layer.stuck", "collective": False},
+                   "why": "killed", "call": "model.forward", "pages": True})
     metrics.provider.force_flush()
     metrics.provider.force_flush()
     death = "sglang.kernel.in_flight_at_death"
@@ -669,25 +670,34 @@ def test_the_sidecars_gauges_name_the_innermost_call_and_read_0_once_when_it_is_
 
 
 def _ended_span(name, status="OK", exception=None, **attributes):
-    from types import SimpleNamespace
+    from sglang_otel_kernels.recover.reader import RecoveredSpan
 
     events = [("exception", 0, {"exception.type": exception, "exception.message": "m"})] if exception else []
-    return SimpleNamespace(name=name, status_code=status, status_description=None, in_flight=False, events=events,
-                           attributes=attributes)
+    return RecoveredSpan(name, 1, 0, 0, False, 1, 0, 0, status, "", attributes, events, [], 1, None, "", "", 1, False)
 
 
 def _crashes(*spans, died=True, signal=""):
-    """What `sglang.process.crashed` and `sglang.kernel.in_flight_at_death` say of a process whose file held `spans`."""
+    """What `sglang.process.crashed` and `sglang.kernel.in_flight_at_death` say of a process whose file held
+    `spans` (ended in this order), as the sidecar decides it: the spans kept as they pass, the ending the
+    verdict's, the gauges rendering it."""
+    import dataclasses
+
     from opentelemetry.sdk.resources import Resource
 
+    from sglang_otel_kernels.recover.ending_spans import EndingSpans
     from sglang_otel_kernels.recover.metrics import KernelMetrics
+    from sglang_otel_kernels.recover.reader import Assembler
 
     exported = _KeptMetrics()
     metrics = KernelMetrics(exported, Resource({}))
     metrics.labels = {"sglang.rank": 0}
-    for span in spans:
+    kept = EndingSpans(Assembler())
+    for number, span in enumerate(spans, 1):
+        span = dataclasses.replace(span, span_id=number, start_time=number * 10**9, end_time=number * 10**9 + 1000)
         metrics.count(span)
-    metrics.ended(died, [], signal)
+        kept.keep(span)
+    end = (len(spans) + 1) * 10**9
+    metrics.ended(kept.ending("trace_1.sgltrace", {"pid": 1}, [], end, not died, end if signal else 0, signal))
     metrics.close()
     return {key: value for key, value in exported.points.items()
             if key[0] in ("sglang.process.crashed", "sglang.kernel.in_flight_at_death")}
@@ -716,6 +726,11 @@ def test_a_process_gone_outside_any_kernel_call_is_gauged_as_a_crash_with_why():
     assert _crashes(call("a"), died=False) == {}
     # A process that made no kernel call (a server's front end) pages for nothing when killed.
     assert _crashes(_ended_span("http.request")) == {}
+    # Told to stop (SGLang's shutdown request), then killed while stopping: stopped on purpose, as `report` says.
+    stop = _ended_span("sglang.process.stop", **{"sglang.process.stop_reason": "ShutdownReq"})
+    assert _crashes(call("a"), stop) == {}
+    # A thread an exception no code caught ended stays ended: calls that went on after it make no clean exit.
+    assert _crashes(call("a"), raised, call("b"), died=False) == crashed("AcceleratorError", "b")
 
 
 def test_watch_gauges_the_suspects_of_live_jobs_only_and_a_suspect_gone_reads_0_once():

@@ -278,6 +278,8 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
                         rf"{re.escape(EMBEDDING)} \(model\.embed_tokens\): IndexError: index out of range in self; "
                         r"request bad-req-1 caused it: id 99999 \(row \d+ of \d+\) is outside the \d+ rows of "
                         r"the embedding", lines[0]), text.stdout
+    # watch said that sentence too, once the batch had failed (after the call's, which it said first).
+    assert any(line.endswith(f": {lines[0]}") for line in watch.text().splitlines()), watch.text()
     # It raised, then exited (SGLang's scheduler returns after SIGQUITting its parent), or was killed.
     assert any(line.startswith(("  rank 0: ended ", "  rank 0: died ")) and " s after it raised IndexError" in line
                for line in lines), text.stdout
@@ -293,6 +295,9 @@ def test_out_of_vocabulary_token_names_the_batch_the_request_and_the_embedding(s
     assert [frame["function"] for frame in batch["frames"][:2]] == ["embedding", "embedding"]
     assert os.path.basename(batch["frames"][1]["file"]) == "unquant.py"
     assert document["files"][0]["after_failure"]["exception"] == "IndexError"
+    # The ending the page rendered, as the report reads it from the same file.
+    ending = document["files"][0]["ending"]
+    assert (ending["why"], ending["call"], ending["pages"]) == ("IndexError", EMBEDDING, True), ending
     page = tmp_path / "report.html"
     assert report("--html", str(page), path).returncode == 1
     # The page's banner says what the text's first line says (one verdict).

@@ -178,14 +178,21 @@ def failure_sentence(batch: dict[str, Any]) -> str:
 
 def after_failure(contents: TraceFileContents) -> "dict[str, Any] | None":
     """For a process that is gone: its last failure (a failed batch or kernel
-    call, or an exception no code caught) and how long it lived on after it,
-    as in "ended 0.1 s after it raised IndexError"; None when nothing failed."""
+    call, or an exception no code caught), how long it lived on after it, as
+    in "ended 0.1 s after it raised IndexError", the kernel call that failed
+    (`call`: the failed batch's, or None) and whether a kernel call ended well
+    after it (`went_on`: then the failure did not end the process); None when
+    nothing failed."""
     if contents.live:
         return None
     last = max(filter(is_failure, contents.spans), key=lambda span: span.end_time, default=None)
     if last is None:
         return None
-    return {"exception": failure_kind(last), "seconds": round(max(contents.last_alive - last.end_time, 0) / 1e9, 1)}
+    call = last if NAME in last.attributes else failed_call_in(last, contents.spans) if is_batch(last) else None
+    went_on = any(NAME in span.attributes and not span.in_flight and span.status_code != "ERROR"
+                  and span.end_time > last.end_time for span in contents.spans)
+    return {"exception": failure_kind(last), "seconds": round(max(contents.last_alive - last.end_time, 0) / 1e9, 1),
+            "call": None if call is None else call.name, "went_on": went_on}
 
 
 def is_failure(span: RecoveredSpan) -> bool:

@@ -30,7 +30,7 @@ NEWEST_COLLECTIVES = 4096  # of each group (and point-to-point pair): enough to 
 _ANCESTRY = 64  # parent hops kept above a shown call (its batch, its request)
 
 # The process's own spans a report reads: why it was told to stop, the exceptions no code caught.
-_PROCESS_SPANS = frozenset({STOP_SPAN, EXCEPTION_SPAN})
+PROCESS_SPANS = frozenset({STOP_SPAN, EXCEPTION_SPAN})
 
 
 @dataclasses.dataclass
@@ -59,7 +59,7 @@ def digest(contents: TraceFileContents, last: int = 10) -> Digest:
     for span in contents.spans:
         attributes = span.attributes
         if NAME not in attributes:
-            if span.in_flight or (span.status_code == "ERROR" and is_batch(span)) or span.name in _PROCESS_SPANS:
+            if span.in_flight or (span.status_code == "ERROR" and is_batch(span)) or span.name in PROCESS_SPANS:
                 keep.add(span.span_id)
             continue
         row = summary.get(span.name)

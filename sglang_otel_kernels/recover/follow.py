@@ -27,6 +27,7 @@ from ..record import tracefile as fmt
 from .._version import __version__
 from ..schema import DEATH_SPAN, FATAL_SIGNAL, HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME, TRACER_NAME
 from .device_faults import mark_in_flight
+from .ending_spans import EndingSpans
 from .ledger import Ledger
 from .metrics import KernelMetrics, labels_of
 from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death, map_trace_file, read_header,
@@ -359,8 +360,10 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
     assembler = Assembler()
     requests = RequestTraces(assembler.parent_of, assembler.linking_to)
     counted = None if metrics is None else KernelMetrics(metrics, resource, counting=not ending_only)
+    ending_spans = None  # what the crash gauges' verdict needs, kept when there are gauges
     if counted is not None:
         counted.labels = labels_of(metadata)
+        ending_spans = EndingSpans(assembler)
     sampler = ExportSampler()
     # The ring holds fewer spans than one per 48 bytes (a start and an end record each).
     outbox = _Outbox(None if delivered_to is None else
@@ -413,10 +416,13 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                     if not len(queued) % _PUMP_EVERY:
                         sender.pump()
                     if take is not None and take(*pair):
+                        if ending_spans is not None:
+                            ending_spans.plain = pair
                         continue
                     recovered = assembler.span(*pair)
                     if counted is not None:
                         counted.count(recovered)
+                        ending_spans.keep(recovered)
                     if ending_only or (kernels_only and NAME not in recovered.attributes):
                         outbox.leave(recovered.span_id)
                         continue
@@ -444,13 +450,13 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
                 left = assembler.in_flight()
                 if counted is not None:
                     counted.in_flight([], last_alive)
-                signal = ""
+                signal, died = "", 0
                 if not assembler.exited:  # how it died, on each call it left in flight: a hang killed is no crash
                     died, signal = death(path, last_alive, left)
                     last_alive = died or last_alive
                     mark_in_flight(left, path, metadata)  # a CUDA core dump's fault, where one was written
-                if counted is not None and signal != "SIGTERM":  # stopped on purpose: nothing to page for
-                    counted.ended(not assembler.exited, [span for span in left if NAME in span.attributes], signal)
+                if counted is not None:
+                    counted.ended(ending_spans.ending(path, metadata, left, last_alive, assembler.exited, died, signal))
                 for span in left:
                     queue(span, last_alive, always=True)
                     in_flight += 1

@@ -18,7 +18,9 @@ kernel call returned),
 `sglang.process.crashed` (1, with why in `sglang.process.reason`: that
 exception's type, else the fatal signal, else `killed`, and its last kernel
 call, the failed one where one failed). A process stopped on purpose
-(SIGTERM) is gauged by neither. `watch` gauges `sglang.job.suspect`: 1 per
+(SIGTERM, or told to stop) is gauged by neither. How a process ended is
+decided where `report` decides it (recover/verdict.py `ending`): these
+gauges only render it. `watch` gauges `sglang.job.suspect`: 1 per
 suspect of a job's verdict while a rank of the job lives, with its
 `reason`. Every series carries the rank (`sglang.rank`), the host
 (`host.name`) and the job (`sglang.job`) where they are known; a series
@@ -47,10 +49,9 @@ from opentelemetry.sdk.resources import Resource
 
 from .._version import __version__
 from ..record import batches
-from ..schema import COLLECTIVE_OP, COPY_OF, EXCEPTION_SPAN, FATAL_SIGNAL, HUNG, NAME, TRACER_NAME
-from .batch_failures import failure_kind, is_failure
+from ..schema import COLLECTIVE_OP, COPY_OF, FATAL_SIGNAL, HUNG, NAME, TRACER_NAME
 from .ranks import rank_of_metadata
-from .reader import RecoveredSpan
+from .reader import RecoveredSpan, innermost_call
 
 RANK, HOST, JOB = "sglang.rank", "host.name", "sglang.job"
 COLLECTIVE = "sglang.kernel.collective"  # whether the call is a collective (torch.distributed): its waiters are victims
@@ -121,12 +122,6 @@ def _key(attributes: dict) -> tuple:
     return tuple(sorted(attributes.items()))
 
 
-def innermost_call(calls: "list[RecoveredSpan]") -> "RecoveredSpan | None":
-    """The call a process is in: the kernel call in flight that started last
-    (an outer call waits for it)."""
-    return max(calls, key=lambda span: span.start_time, default=None)
-
-
 class KernelMetrics:
     """The sidecar's metrics of one process. Without `counting` (a sidecar
     that reads the file once the process has ended, `follow --ending-only`)
@@ -153,12 +148,6 @@ class KernelMetrics:
                                       description="1: the process died outside any kernel call, or ended right "
                                                   "after a failure or an exception no code caught (why: "
                                                   "sglang.process.reason)")
-        # Of what ended so far: the type of the last failure's exception while no call has ended well
-        # since, of the last exception no code caught, the last call, the last failed one.
-        self._failure: "str | None" = None
-        self._raised: "str | None" = None
-        self._last_call: "str | None" = None
-        self._failed_call: "str | None" = None
         self._labels: dict = {}
         self._seen: set[tuple] = set()  # (labels, name) whose failure and NaN/Inf series exist
         self._pending: dict[tuple, int] = {}  # (name, failed, nonfinite) -> calls not added yet
@@ -176,28 +165,16 @@ class KernelMetrics:
 
     def count(self, span: RecoveredSpan) -> None:
         """A span of the file that ended: a kernel call is counted (copies and
-        early exports are not calls); a failure (a call's, a batch's, an
-        exception no code caught) is kept to say why, should the process crash."""
+        early exports are not calls)."""
         attributes = span.attributes
-        if COPY_OF in attributes or HUNG in attributes or span.in_flight:
-            return
-        if NAME in attributes:
+        if NAME in attributes and COPY_OF not in attributes and HUNG not in attributes and not span.in_flight:
             self.call(span.name, span.status_code == "ERROR", batches.output_flagged(attributes))
-        if is_failure(span):
-            self._failure = failure_kind(span)
-            if span.name == EXCEPTION_SPAN:
-                self._raised = self._failure
-            if NAME in attributes:
-                self._failed_call = span.name
 
     def call(self, name: str, failed: bool, nonfinite: bool) -> None:
         """One kernel call that ended, kept with the others like it until `flush`."""
         if self._counting:
             key = (name, failed, nonfinite)
             self._pending[key] = self._pending.get(key, 0) + 1
-        self._last_call = name
-        if not failed:  # the process went on after its last failure
-            self._failure = None
 
     def flush(self) -> None:
         """The calls kept since the last flush, into the counters: an add per
@@ -226,29 +203,21 @@ class KernelMetrics:
         self._in_flight.set({} if call is None else
                             {_key(self._call_labels(call)): round(max(now - call.start_time, 0) / 1e9, 3)})
 
-    def ended(self, died: bool, calls: "list[RecoveredSpan]", signal: str) -> None:
-        """The process is gone, not stopped on purpose: it `died` (no exit
-        recorded) with `calls` in flight and `signal` its fatal signal ("" for
-        none), or exited. A death in a kernel call is gauged with that call;
-        a death outside any, an exit right after a failure (nothing ended
-        well since: SGLang's scheduler returns once its batch failed), or an
-        exit after an exception no code caught, as a crash with why. A
-        process that made no kernel call and raised nothing pages for nothing."""
+    def ended(self, ending: dict) -> None:
+        """The process is gone, and `ending` is how (recover/verdict.py
+        `ending`, decided there): one that pages is gauged with the kernel
+        call it died in, else as a crash with why."""
         self._in_flight.set({})
-        call = innermost_call(calls) if died else None
-        if call is not None:
-            self._death.set({_key({**self._call_labels(call), FATAL_SIGNAL: signal or "none"}): 1})
+        if not ending["pages"]:
             return
-        if died and (self._last_call is not None or self._raised):
-            reason = self._failure or signal or "killed"
-        elif self._failure or self._raised:  # it exited right after a failure, or after an exception no code caught
-            reason = self._failure or self._raised
-        else:
+        died_in = ending["died_in"]
+        if died_in is not None:
+            self._death.set({_key({**self._labels, NAME: died_in["name"], COLLECTIVE: died_in["collective"],
+                                   FATAL_SIGNAL: ending["signal"] or "none"}): 1})
             return
-        labels = {**self._labels, REASON: reason}
-        named = self._failed_call or self._last_call
-        if named:
-            labels[NAME] = named
+        labels = {**self._labels, REASON: ending["why"]}
+        if ending["call"]:
+            labels[NAME] = ending["call"]
         self._crashed.set({_key(labels): 1})
 
     def close(self) -> None:

@@ -484,9 +484,12 @@ class _Verdict:
     def _suspects(self) -> list[dict]:
         found: list[tuple[tuple, dict]] = []  # (order, suspect)
 
-        def add(order: tuple, rank: RankFile, reason: str, call: RecoveredSpan | None, detail: str) -> None:
+        def add(order: tuple, rank: RankFile, reason: str, call: RecoveredSpan | None, detail: str,
+                batch: "str | None" = None) -> None:
             suspect = {"rank": rank.rank, "reason": reason, "call": call.name if call else None,
                        "seconds": round(rank.seconds(call), 1) if call else None, "detail": detail}
+            if batch is not None:  # the failed batch the call was in
+                suspect["batch"] = batch
             if rank.stack is not None:  # where its thread waited once it recorded nothing more
                 suspect["stack"] = [{"function": function, "file": file, "line": line}
                                     for file, line, function in rank.stack[0]]
@@ -530,7 +533,7 @@ class _Verdict:
             if failed is not None and (inside is None or OP not in inside.attributes):  # a collective's: a victim
                 add((1, failed.end_time or failed.start_time), rank, "raised", inside or failed,
                     f"rank {rank.rank}'s {batch_words(failed.name, request_ids(failed), stage_of(failed))} failed in "
-                    f"{where}: {failed.status_description}{culprit_text(culprit_of(inside))}{also(rank)}")
+                    f"{where}: {failed.status_description}{culprit_text(culprit_of(inside))}{also(rank)}", failed.name)
                 continue
             raised = min((s for s in rank.failed if OP not in s.attributes), key=lambda s: s.end_time or 0, default=None)
             if raised is not None:

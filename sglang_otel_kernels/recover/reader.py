@@ -155,6 +155,12 @@ _FATAL_WORDS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus erro
                 "Illegal instruction": "SIGILL"}
 
 
+def innermost_call(calls: "Iterable[RecoveredSpan]") -> "RecoveredSpan | None":
+    """The call a process is in: of the kernel calls in flight, the one that
+    started last (an outer call waits for it)."""
+    return max(calls, key=lambda span: span.start_time, default=None)
+
+
 def where_written(pid: Any, path: "str | None") -> str:
     """`pid 4242, trace_4242.sgltrace`: a process and its file. A process
     read from Jaeger (`jaeger:SERVICE/HOST/PID`) has no file: its host instead."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..config import DEFAULT_HANG_SECONDS
 from ..record.tracefile import traceback_path
-from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE,
+from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, COLLECTIVE_OP, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE,
                       GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, MODULE, NAME, NONFINITE_REQUESTS, OP_CLASS, PREFIX,
                       REPLAY_NAME, REQUEST_ID, SEQ)
 from .batch_failures import (after_failure, after_failure_text, batch_summary, culprit_of, frames_text, is_batch,
@@ -18,9 +18,9 @@ from .batch_failures import (after_failure, after_failure_text, batch_summary, c
 from .digest import Digest, add_counts, digest, produced_nonfinite
 from .ranks import cross_rank, ending_text, rank_of, state_of, stop_reason, timestamp
 from .ranks import render as render_verdict
-from .reader import RecoveredSpan, TraceFileContents, read_text
+from .reader import RecoveredSpan, TraceFileContents, innermost_call, read_text
 from .stacks import tidy_stacks
-from .verdict import decide, layer_text, process_text
+from .verdict import decide, ending, layer_text, process_text
 
 OUTPUT_PREFIX = PREFIX + "output"  # `sglang.kernel.output.shape`, `sglang.kernel.output.0.shape`
 STATES = {"UNSET": "ok", "OK": "ok", "ERROR": "error"}  # a span's status, as the report words it
@@ -179,7 +179,7 @@ GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON an
 
 # The version of `report --json`'s document (docs/report-json.md): raised
 # with each change a reader of the JSON must know of, with the package's.
-REPORT_SCHEMA = 6
+REPORT_SCHEMA = 7
 
 
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
@@ -254,17 +254,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
         "schema": REPORT_SCHEMA,
         "cross_rank": jobs[0] if jobs else None,
         "cross_rank_jobs": jobs,
-        "files": [
-            {"path": c.path, "format_version": c.format_version, "pid": c.metadata.get("pid"), "host": c.metadata.get("host"), "running": c.live,
-             "state": state, "fatal_signal": c.fatal_signal if state in ("died", "stopped") else None,
-             "ended_at": None if c.live else timestamp(c.last_alive),
-             "stop_reason": stop_reason(c) if state == "stopped" else None,
-             "after_failure": after_failure(c),
-             "uncaught": uncaught(c),
-             "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
-             "spans": item.spans, "problems": c.problems}
-            for item, c, state in zip(digests, contents, states)
-        ],
+        "files": [process_entry(c, state, item.spans) for item, c, state in zip(digests, contents, states)],
         "crashed": crashed or bool(batches_at_death),
         "running": any(c.live for c in contents),
         "in_flight": in_flight,
@@ -287,6 +277,40 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     }
     report["verdict"] = decide(report)
     return report
+
+
+def process_entry(c: TraceFileContents, state: str, spans: int) -> dict[str, Any]:
+    """A process's entry of the report's `files`, of its file's contents (or
+    digest) in `state` (`state_of`), with how it ended (`ending`, decided in
+    recover/verdict.py), which the sidecar's crash gauges read too."""
+    entry = {
+        "path": c.path, "format_version": c.format_version, "pid": c.metadata.get("pid"),
+        "host": c.metadata.get("host"), "running": c.live, "state": state,
+        "fatal_signal": c.fatal_signal if state in ("died", "stopped") else None,
+        "ended_at": None if c.live else timestamp(c.last_alive),
+        "stop_reason": stop_reason(c) if state == "stopped" else None,
+        "after_failure": after_failure(c),
+        "uncaught": uncaught(c),
+        "died_in": _died_in(c) if state == "died" else None,
+        "last_call": _last_call(c),
+        "ranks": _ranks(c.metadata.get("ranks")), "argv": c.metadata.get("argv"),
+        "spans": spans, "problems": c.problems}
+    entry["ending"] = ending(entry)
+    return entry
+
+
+def _died_in(contents: TraceFileContents) -> "dict[str, Any] | None":
+    """The kernel call a dead process was in (its innermost in flight): its
+    name, and whether it is a collective (where a rank waits for another)."""
+    call = innermost_call(span for span in contents.spans if span.in_flight and NAME in span.attributes)
+    return None if call is None else {"name": call.name, "collective": COLLECTIVE_OP in call.attributes}
+
+
+def _last_call(contents: TraceFileContents) -> "str | None":
+    """The kernel call that ended last in the process (ended well or not)."""
+    call = max((span for span in contents.spans if NAME in span.attributes and not span.in_flight),
+               key=lambda span: span.end_time, default=None)
+    return None if call is None else call.name
 
 
 def uncaught_in(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -52,6 +52,34 @@ def decide(report: dict[str, Any]) -> dict[str, Any]:
     return {"kind": kind, "headline": headline, "exit_status": EXIT_STATUS[kind], "file": path}
 
 
+def ending(info: dict[str, Any]) -> dict[str, Any]:
+    """How one process ended, from its entry of the report's `files`:
+    `kind` (running, frozen; exited; stopped on purpose; raised: exited right
+    after a failure it did not go on from, or after an exception no code
+    caught; killed: died with no fatal signal recorded, as SIGKILL and the
+    OOM killer leave it; crashed: died of one), its `signal`, `died_in` (the
+    kernel call in flight at its death), `why` (the failure's exception
+    type, else the signal, else "killed"), `call` (the kernel call that
+    failed, else its last one) and whether it `pages`: a death in or after
+    kernel calls, or an end by a failure; a process that made no kernel
+    call and raised nothing (a server's front end) pages for nothing. The
+    sidecar's crash gauges render it (recover/metrics.py)."""
+    state, after, uncaught = info["state"], info.get("after_failure"), info.get("uncaught") or ()
+    ended_by = after if after and not after.get("went_on") else None  # a failure it never went on from
+    if state in ("running", "frozen", "stopped") or (state == "ended" and not ended_by and not uncaught):
+        return {"kind": "exited" if state == "ended" else state, "signal": None, "died_in": None, "why": None,
+                "call": None, "pages": False}
+    call = (ended_by and ended_by.get("call")) or info.get("last_call")
+    if state == "ended":
+        why = ended_by["exception"] if ended_by else uncaught[-1]["exception"]["type"] or "an exception"
+        return {"kind": "raised", "signal": None, "died_in": None, "why": why, "call": call, "pages": True}
+    signal = info.get("fatal_signal") or None
+    died_in = info.get("died_in")
+    return {"kind": "crashed" if signal else "killed", "signal": signal, "died_in": died_in,
+            "why": ended_by["exception"] if ended_by else signal or "killed", "call": call,
+            "pages": bool(died_in or call or uncaught)}
+
+
 def _same_job_live(report: dict[str, Any], path: str) -> bool:
     """Whether a live rank shares the job of the rank that wrote `path`."""
     for job in report.get("cross_rank_jobs") or ():

@@ -35,6 +35,7 @@ from .._version import __version__
 from ..record.export_errors import export_batch
 from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, NAME, TRACER_NAME
 from .batch_failures import is_batch
+from .digest import PROCESS_SPANS
 from .follow import RingFollower
 from .ranks import cross_rank, timestamp
 from .reader import Assembler, TraceFileContents, TraceFileError, note_death, read_heartbeat, writer_alive
@@ -42,7 +43,7 @@ from .reader import Assembler, TraceFileContents, TraceFileError, note_death, re
 VERDICT = "sglang.verdict"
 NEWEST_CALLS = 200  # ended kernel calls a file keeps for the verdict (it reads the newest)
 NEWEST_PER_GROUP = 64  # ended collectives of each group and pair
-NEWEST_FAILED = 256
+NEWEST_FAILED = 256  # failed calls and batches, stops and uncaught exceptions
 _SCOPE = InstrumentationScope(TRACER_NAME, __version__)
 
 
@@ -66,6 +67,9 @@ class LiveFile:
             span = self.assembler.span(*pair)
             attributes = span.attributes
             if NAME not in attributes:
+                # As `report` reads them: a failed batch, why the process was told to stop, an uncaught exception.
+                if span.name in PROCESS_SPANS or (span.status_code == "ERROR" and is_batch(span)):
+                    self.failed.append(span)
                 continue
             if COLLECTIVE_OP in attributes:
                 key = (attributes.get(COLLECTIVE_GROUP), attributes[COLLECTIVE_OP], attributes.get(COLLECTIVE_PEER))
@@ -113,9 +117,10 @@ def trace_files(paths: list[str]) -> list[str]:
 
 
 def _key(verdict: dict) -> tuple:
-    """What makes a verdict new: its suspects, who the others wait for, which ranks have no file."""
+    """What makes a verdict new: its suspects (a call that raised, then its
+    batch failing, are two), who the others wait for, which ranks have no file."""
     waiting, slow = verdict.get("waiting_for"), verdict.get("slow")
-    return (tuple((s["rank"], s["reason"], s["call"]) for s in verdict["suspects"]),
+    return (tuple((s["rank"], s["reason"], s["call"], s.get("batch")) for s in verdict["suspects"]),
             tuple(waiting["ranks"]) if waiting else (), tuple(verdict.get("missing_ranks") or ()),
             (slow["rank"], slow["call"], slow["frozen"]) if slow else ())
 
