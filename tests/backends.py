@@ -7,6 +7,7 @@ free loopback ports."""
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -33,8 +34,29 @@ def operation(name: str) -> str:
     return re.sub(r"^POST /generate req-\d{4}$", "POST /generate req-N", name)
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            return int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def port() -> int:
-    with socket.socket() as probe:
+    """A free loopback port below the kernel's ephemeral range: a port the
+    kernel gave out (bind to 0) may be given again to any outgoing connection
+    (a server's, a client's) before the back end that was to listen on it
+    starts, which then fails with "address already in use"."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        candidate = random.randrange(10000, max(low, 10001))
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return candidate
+    with socket.socket() as probe:  # all taken: the kernel's choice
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 

@@ -10,7 +10,6 @@ the scheduler's metrics and profiler collaborators."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -45,9 +44,7 @@ def receiver():
 
 
 def _address() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    return f"tcp://127.0.0.1:{port()}"
 
 
 def serve(site, receiver, tmp_path, *, pickle_ipc: bool = True, first: str = "none", level: int = 3):
