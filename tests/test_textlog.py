@@ -114,7 +114,7 @@ def test_exception_line_only_for_exception_subclasses(tmp_path):
 
 
 def test_tensor_lines_are_the_same_from_the_cache_and_for_unhashable_shapes():
-    from sglang_otel_kernels.describe.tensors import TensorInfo
+    from sglang_otel_kernels.descriptions import TensorInfo
     from sglang_otel_kernels.record.textlog import node_text
 
     class Unhashable(tuple):

@@ -27,7 +27,8 @@ from ..describe.culprits import explained
 from ..describe.statistics import fill_statistics, is_device_error, nonfinite_rows
 from ..notices import warn_failed_once
 from ..describe.tensors import dtype_names
-from ..describe.values import describe, identity_plan, tensors_in
+from ..describe.values import describe, identity_plan
+from ..descriptions import tensors_in
 from .. import schema
 from ..record import attributes as _attrs
 from ..record import batches, core, tracefile
@@ -35,7 +36,7 @@ from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.setup import follow_trace_file, watch_global_provider
 from ..record.spans import KernelSpans, awaited, call_context, parent_context, parent_entry, parent_of, unwind
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
-from .guards import compiler_flags, is_compiling, is_graph_capturing
+from ..describe.guards import compiler_flags, is_compiling, is_graph_capturing
 from .naming import infer_api_name, takes_self_first
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -24,8 +24,8 @@ import math
 
 import torch
 
-from ..capture.guards import is_graph_capturing
-from .tensors import TensorInfo
+from .guards import is_graph_capturing
+from ..descriptions import TensorInfo
 
 _isfinite = math.isfinite
 EMPTY = "empty tensor"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..descriptions import TensorInfo
+
 _dtype_names: dict = {}
 
 
@@ -21,36 +23,6 @@ def dtype_names() -> dict:
         if isinstance(value, torch.dtype):
             _dtype_name(value)
     return _dtype_names
-
-
-class TensorInfo:
-    """What is known of one tensor argument; statistics are filled in later, at
-    level 5, by `describe.statistics.fill_statistics`."""
-
-    __slots__ = (
-        "tensor",
-        "shape",
-        "dtype",
-        "device",
-        "stride",
-        "contiguous",
-        "requires_grad",
-        "stats",
-        "stats_note",
-    )
-
-    def __init__(self, tensor: torch.Tensor, shape: tuple = (), dtype: str = "unknown", device: str = "unknown",
-                 stride: tuple | None = None, contiguous: bool = False, requires_grad: bool = False) -> None:
-        self.tensor = tensor
-        self.shape = shape
-        self.dtype = dtype
-        self.device = device
-        self.stride = stride
-        self.contiguous = contiguous
-        self.requires_grad = requires_grad
-        # (min, max, mean, nan_count, inf_count), or a note saying why not.
-        self.stats: tuple | None = None
-        self.stats_note: str | None = None
 
 
 def _device_name(tensor: torch.Tensor) -> str:

@@ -12,110 +12,23 @@ from __future__ import annotations
 import enum
 import itertools
 import types
-from typing import Any, Union
+from typing import Any
 
 import torch
 
-from ..capture.guards import is_graph_capturing
+from .guards import is_graph_capturing
 from ..text import utf8
-from .tensors import TensorInfo, describe_tensor
+from ..descriptions import REPR_LIMIT, Elided, Mapping, Node, Opaque, Scalar, Sequence, safe_repr
+from .tensors import describe_tensor
 
 MAX_DEPTH = 2
 MAX_SEQUENCE_ITEMS = 4
 MAX_MAPPING_ITEMS = 8
-REPR_LIMIT = 200
 OBJECT_FIELDS = ("shape", "dtype", "device")
 
 _PRIMITIVES = (str, int, float, bool, type(None))
 
 
-class Scalar:
-    """A str, int, float, bool or None (or a subclass of one)."""
-
-    __slots__ = ("value", "text")
-
-    def __init__(self, value: Any, text: str) -> None:
-        self.value = value
-        self.text = text
-
-
-class Sequence:
-    __slots__ = ("is_list", "items", "more")
-
-    def __init__(self, is_list: bool, items: list, more: int) -> None:
-        self.is_list = is_list
-        self.items = items
-        self.more = more
-
-
-class Mapping:
-    """Items are (key repr, key as a path part, node)."""
-
-    __slots__ = ("items", "more")
-
-    def __init__(self, items: list, more: int) -> None:
-        self.items = items
-        self.more = more
-
-
-class Elided:
-    """A value past the depth limit, shown as `TypeName(...)`."""
-
-    __slots__ = ("type_name",)
-
-    def __init__(self, type_name: str) -> None:
-        self.type_name = type_name
-
-
-class Opaque:
-    """Any other object: the shape/dtype/device it has (SGLang's fields);
-    else, read only by the reader that wants it, its repr cut short (SGLang's
-    text log) or its `identity` (a span): a ForwardBatch's or a layer's repr
-    formats all it holds, too dear for every call."""
-
-    __slots__ = ("type_name", "fields", "_value", "_repr")
-
-    def __init__(self, type_name: str, fields: list, value: Any) -> None:
-        self.type_name = type_name
-        self.fields = fields
-        self._value = value
-        self._repr: str | None = None
-
-    @property
-    def repr(self) -> str | None:
-        if self.fields:
-            return None
-        if self._repr is None:
-            self._repr = _object_repr(self._value)
-        return self._repr
-
-    @property
-    def identity(self) -> str:
-        return identity(self._value)
-
-
-Node = Union[TensorInfo, Scalar, Sequence, Mapping, Elided, Opaque]
-
-
-def safe_repr(value: Any, limit: int | None = None) -> str:
-    try:
-        text = repr(value)
-        if not isinstance(text, str):
-            raise TypeError("__repr__ returned a non-string")
-    except Exception as exc:
-        return f"<{type(value).__name__} object, repr raised {type(exc).__name__}>"
-    return utf8(text if limit is None else text[:limit])
-
-
-def safe_str(value: Any) -> str:
-    """str(value) as valid UTF-8; never raises."""
-    try:
-        text = str(value)
-        if isinstance(text, str):
-            return utf8(text)
-    except Exception:
-        pass
-    return f"<{type(value).__name__}, str() failed>"
 
 
 CAPTURE_REPR = "repr skipped: graph capture in progress"
@@ -259,16 +172,4 @@ def _describe_object(value: Any) -> Opaque:
     return Opaque(type(value).__name__, fields, value)
 
 
-def tensors_in(nodes: list) -> list[TensorInfo]:
-    """Every tensor described in `nodes`, depth first, in argument order."""
-    found: list[TensorInfo] = []
-    stack = list(reversed(nodes))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, TensorInfo):
-            found.append(node)
-        elif isinstance(node, Sequence):
-            stack.extend(reversed(node.items))
-        elif isinstance(node, Mapping):
-            stack.extend(item for _, _, item in reversed(node.items))
-    return found
+Opaque.read_repr, Opaque.read_identity = staticmethod(_object_repr), staticmethod(identity)

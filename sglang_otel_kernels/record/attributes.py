@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..describe.tensors import TensorInfo
-from ..describe.values import REPR_LIMIT, Elided, Mapping, Opaque, Scalar, Sequence
+from ..descriptions import REPR_LIMIT, Elided, Mapping, Opaque, Scalar, Sequence, TensorInfo
 from ..schema import PREFIX
 from ..text import utf8
 

@@ -30,7 +30,7 @@ import torch
 
 from .. import config as _config
 from .. import files
-from ..describe.values import safe_repr, safe_str
+from ..descriptions import safe_repr, safe_str
 from ..notices import warn, warn_once
 
 METADATA = "metadata.json"

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import weakref
+from typing import Callable
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -305,8 +306,18 @@ def make_writer(cfg: "_config.KernelTraceConfig") -> "tracefile.TraceFileWriter 
     return writer
 
 
+_opened: "list[Callable[[str], None]]" = []  # the layers above's listeners (capture/uncaught.py's hooks)
+
+
+def on_open(listener: "Callable[[str], None]") -> None:
+    """Call `listener(path)` whenever a trace file is opened for writing."""
+    _opened.append(listener)
+
+
 def _on_open(faulthandler_wanted: bool, sidecar_wanted: bool, template: str, keep: int, hang_seconds: float,
              trace_path: str) -> None:
+    for listener in _opened:
+        listener(trace_path)
     if faulthandler_wanted:
         _enable_faulthandler(trace_path)
     if sidecar_wanted:

@@ -28,7 +28,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from .._version import __version__
-from ..describe.values import safe_str
+from ..descriptions import safe_str
 from ..notices import warn_failed_once
 from ..schema import ATTRIBUTES_DROPPED, GRAPH_CALLS, GRAPH_ID, HAS_INF, HAS_NAN, LEVEL, NAME, SEQ, TRACER_NAME
 from ..text import utf8

@@ -16,8 +16,7 @@ from typing import Iterable
 
 from ..config import OFF
 from ..notices import warn
-from ..describe.tensors import TensorInfo
-from ..describe.values import Elided, Mapping, Opaque, Scalar, Sequence, safe_str
+from ..descriptions import Elided, Mapping, Opaque, Scalar, Sequence, TensorInfo, safe_str
 
 SEPARATOR = "=" * 80
 _ITEM_INDENT = " " * 6

@@ -373,9 +373,6 @@ class TraceFileWriter:
             warn(f"{wanted} is being written by another live process; this process ({pid}) writes {path}")
         threading.Thread(target=self._beat, name="sglang-otel-kernels-heartbeat", daemon=True).start()
         _exit_record_at_exit()
-        from . import uncaught  # it records through the spans module, which imports this one
-
-        uncaught.install()
         if self.on_open is not None:
             self.on_open(path)
         return True

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..describe.values import safe_str
+from ..descriptions import safe_str
 from ..record import dumps as _dumps
 
 

@@ -17,7 +17,10 @@ from __future__ import annotations
 import sys
 import threading
 
+from ..record.setup import on_open
+from ..record.spans import record_failure
 from ..schema import EXCEPTION_SPAN, THREAD_NAME
+from .decorator import kernel_tracer
 
 _installed: list = []
 
@@ -27,9 +30,6 @@ def record(exc: BaseException, thread: str) -> None:
     if not isinstance(exc, Exception):
         return
     try:
-        from ..capture.decorator import kernel_tracer
-        from .spans import record_failure
-
         span = kernel_tracer().start_span(EXCEPTION_SPAN, attributes={THREAD_NAME: thread})
         record_failure(span, exc)
         span.end()
@@ -37,8 +37,8 @@ def record(exc: BaseException, thread: str) -> None:
         pass
 
 
-def install() -> None:
-    """Once per process, when its first trace file opens."""
+def install(path: str = "") -> None:
+    """Once per process, when its first trace file opens (`on_open`)."""
     if _installed:
         return
     previous, previous_thread = sys.excepthook, threading.excepthook
@@ -53,3 +53,6 @@ def install() -> None:
 
     sys.excepthook, threading.excepthook = excepthook, thread_excepthook
     _installed.append(True)
+
+
+on_open(install)
