@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 from backends import Jaeger, Otelcol, clean_env, ensure_built  # noqa: E402
 
-from sglang_otel_kernels.recover.reader import read_trace_file  # noqa: E402
+from sglang_otel_kernels.record.reader import read_trace_file  # noqa: E402
 
 SENDER = """
 import sys, time, random, torch

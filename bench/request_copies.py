@@ -92,8 +92,8 @@ print(written)
 # The sidecar is a process of its own, as `follow` runs beside an application.
 FOLLOW = r"""
 import inspect, sys, time
-from sglang_otel_kernels.recover.follow import follow
-from sglang_otel_kernels.recover.replay import make_exporter
+from sglang_otel_kernels.live.follow import follow
+from sglang_otel_kernels.recover.resend import make_exporter
 path, endpoint = sys.argv[1], sys.argv[2]
 exporter, target = make_exporter(endpoint, "grpc", 30.0)
 # The list of delivered spans, which the sidecar keeps where follow() takes its endpoint.

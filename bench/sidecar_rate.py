@@ -192,7 +192,7 @@ def drain(calls: int, size: str, workdir: str) -> int:
 WRITER = r"""
 import sys, time
 from sglang_otel_kernels.record import tracefile as fmt
-from sglang_otel_kernels.recover.reader import map_trace_file, read_header
+from sglang_otel_kernels.record.reader import map_trace_file, read_header
 source, template, capacity, rate = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 data = map_trace_file(source)
 _, position, end, _ = read_header(source, data)

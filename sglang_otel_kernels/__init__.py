@@ -27,7 +27,7 @@ from .config import KernelTraceConfig, configure, get_config
 from .record import coredumps as _coredumps
 from .record.core import NATIVE
 from .record.processor import trace_file_path
-from .recover.reader import RecoveredSpan, TraceFileContents, TraceFileError, read_trace, read_trace_file
+from .record.reader import RecoveredSpan, TraceFileContents, TraceFileError, read_trace, read_trace_file
 
 del _coredumps  # imported for its effect: CUDA core dumps turned on from import on, when asked for
 

@@ -14,7 +14,7 @@ class _Failure(Exception):
 def _load(path: str) -> list:
     """A trace file, or an OTLP JSON file (one contents per process in it)."""
     from .recover.otlp_json import looks_like_json, read_otlp_json
-    from .recover.reader import read_trace_file
+    from .record.reader import read_trace_file
 
     return read_otlp_json(path) if looks_like_json(path) else [read_trace_file(path)]
 
@@ -113,7 +113,7 @@ def _kept(results: list, files: list[tuple[str, bool]]) -> list:
 
 def _read_all(paths: list[str]) -> list:
     """The contents of the trace files and OTLP JSON files named (see `_files`)."""
-    from .recover.reader import TraceFileError
+    from .record.reader import TraceFileError
 
     files = _files(paths)
     results = []
@@ -165,7 +165,7 @@ def _report(options) -> int:
         import time
 
         from .recover.jaeger_source import parse_time, read_jaeger
-        from .recover.reader import TraceFileError
+        from .record.reader import TraceFileError
 
         try:
             now = time.time()
@@ -201,7 +201,7 @@ def _report(options) -> int:
 
 
 def _replay(options) -> int:
-    from .recover.replay import make_exporter, replay, terminal_progress
+    from .recover.resend import make_exporter, replay, terminal_progress
 
     if options.timeout <= 0:
         raise _Failure("--timeout must be more than 0")
@@ -292,10 +292,10 @@ def _run(options) -> int:
 
 def _follow(options) -> int:
     from .record.export import otlp_protocol
-    from .recover.follow import follow, parent_watch
-    from .recover.metrics import metric_exporter
-    from .recover.reader import TraceFileError
-    from .recover.replay import make_exporter
+    from .live.follow import follow, parent_watch
+    from .live.metrics import metric_exporter
+    from .record.reader import TraceFileError
+    from .recover.resend import make_exporter
 
     if options.interval <= 0 or options.timeout <= 0:
         raise _Failure("--interval and --timeout must be more than 0")
@@ -347,9 +347,9 @@ def _watch(options) -> int:
     from opentelemetry.sdk.resources import Resource
 
     from .record.export import otlp_endpoint, otlp_protocol
-    from .recover.metrics import JobMetrics, metric_exporter
-    from .recover.replay import make_exporter
-    from .recover.watch import watch
+    from .live.metrics import JobMetrics, metric_exporter
+    from .recover.resend import make_exporter
+    from .live.watch import watch
 
     if not 0 < options.interval < float("inf") or options.timeout <= 0:
         raise _Failure("--interval and --timeout must be more than 0")
@@ -421,7 +421,7 @@ class _Version(argparse.Action):
         from ._version import __version__
         from .record import core
         from .record.tracefile import FORMAT_VERSION
-        from .recover.reader import READ_FORMATS
+        from .record.reader import READ_FORMATS
         from .recover.report import REPORT_SCHEMA
 
         print(f"{parser.prog} {__version__}\n"

@@ -2468,7 +2468,7 @@ static PyObject *crc32_py(PyObject *module, PyObject *arg) {
 }
 
 /* -- a plain kernel call's Span, in OTLP's wire form ------------------------
- * For the sidecar (recover/wire.py), which sends tens of thousands a second:
+ * For the sidecar (live/wire.py), which sends tens of thousands a second:
  * the same bytes as its twin, record/otlp_encode.py's `python_counter_span`. */
 
 static unsigned char *put_varint(unsigned char *p, uint64_t value) {

@@ -23,7 +23,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from .example.model import VOCAB
-from .recover.reader import read_trace_file
+from .record.reader import read_trace_file
 from .recover.report import build_report, render_text
 
 GOOD_REQUESTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11]]

@@ -230,7 +230,7 @@ def test_collectives_are_recorded_when_one_of_our_modules_imports_torch(tmp_path
              "importlib.import_module('sglang_otel_kernels.{module}')\n"
              "import torch.distributed as dist\n"
              "print(hasattr(dist.all_reduce, '_debug_kernel_wrapped'))\n")
-    for module in ("record.spans", "record.file_spans", "record.dumps", "record.textlog", "describe.statistics",
+    for module in ("record.spans", "record.file_spans", "record.tensor_dumps", "record.textlog", "describe.statistics",
                    "capture.collectives", "capture.requests"):
         proc = run_python(check.format(module=module), tmp_path, env={"SGLANG_KERNEL_API_LOGLEVEL": "1"})
         assert proc.returncode == 0, proc.stderr

@@ -163,7 +163,7 @@ def test_a_process_told_to_stop_reads_as_stopped_whether_it_exits_or_is_killed(t
     assert (info["ending"]["kind"], info["ending"]["pages"]) == ("stopped", False), info["ending"]
     # What `watch` keeps of the file as it follows it reads the same way.
     from sglang_otel_kernels.recover.ranks import state_of
-    from sglang_otel_kernels.recover.watch import LiveFile
+    from sglang_otel_kernels.live.watch import LiveFile
 
     live = LiveFile(str(tmp_path / "t.sgltrace"))
     try:
@@ -207,7 +207,7 @@ def test_a_process_killed_between_kernel_calls_names_its_batch(tmp_path):
 @pytest.mark.parametrize("text, signal_name", [("Thread 0x00007f (most recent call first):\n  File ...", "SIGTERM"),
                                                ("Fatal Python error: Segmentation fault\n\nThread 0x7f", "SIGSEGV")])
 def test_the_traceback_file_tells_sigterm_from_a_fatal_signal(tmp_path, text, signal_name):
-    from sglang_otel_kernels.recover.reader import fatal_signal
+    from sglang_otel_kernels.record.reader import fatal_signal
 
     path = tmp_path / "t.sgltrace"
     (tmp_path / "t.sgltrace.traceback").write_text(text)

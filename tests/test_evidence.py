@@ -25,8 +25,8 @@ import sglang_otel_kernels as sok
 from conftest import clean_env, run_python
 from otlp_receivers import GrpcReceiver
 from sglang_otel_kernels.record import tracefile as fmt
-from sglang_otel_kernels.recover.follow import RingFollower
-from sglang_otel_kernels.recover.reader import GAP, Assembler, scan, with_gaps
+from sglang_otel_kernels.live.follow import RingFollower
+from sglang_otel_kernels.record.reader import GAP, Assembler, scan, with_gaps
 
 K = "sglang.kernel."
 BAD_PATH = os.fsdecode(b"/data/w\xff.bin")  # a file name that is not UTF-8, as os.listdir returns it

@@ -106,7 +106,7 @@ def test_report_rounds_statistics_and_version_is_printed(tmp_path):
 
 
 def test_old_uneventful_trace_files_are_pruned_and_evidence_is_kept(tmp_path):
-    from sglang_otel_kernels.recover.retention import prune
+    from sglang_otel_kernels.record.retention import prune
 
     script = ("import os, sys, time, torch, sglang_otel_kernels as sok\n"
               "k = sok.debug_kernel_api(op_name='k')(lambda x, fail: 1 / 0 if fail else x)\n"

@@ -13,7 +13,7 @@ import pytest
 from otlp_receivers import GrpcReceiver
 import sglang_otel_kernels as sok
 from sglang_otel_kernels.record import tracefile
-from sglang_otel_kernels.recover.follow import RingFollower
+from sglang_otel_kernels.live.follow import RingFollower
 from conftest import clean_env
 
 K = "sglang.kernel."
@@ -274,7 +274,7 @@ def test_a_process_gone_with_nothing_in_flight_reaches_the_back_end_as_a_death(t
     assert death["status"] == 2 and death["attributes"]["sglang.process.fatal_signal"] == "none"
     assert death["resource"] == next(span["resource"] for span in spans if span["name"] == "k")
     # Read back as a back end holds it (an archive here; Jaeger's spans the same way): died, not ended.
-    from sglang_otel_kernels.recover.follow import death_span
+    from sglang_otel_kernels.live.follow import death_span
     from sglang_otel_kernels.recover.otlp_json import json_lines
 
     script = ("import os, signal, torch, sglang_otel_kernels as sok\n"
@@ -509,7 +509,7 @@ class _ScriptedBackEnd:
 
 
 def _sender(back_end, spans: int):
-    from sglang_otel_kernels.recover.follow import _Outbox, _Sender
+    from sglang_otel_kernels.live.follow import _Outbox, _Sender
 
     outbox = _Outbox(None)
     for span in range(spans):
@@ -520,7 +520,7 @@ def _sender(back_end, spans: int):
 
 
 def test_the_sender_has_two_batches_on_their_way_and_sends_again_what_was_not_taken(capsys):
-    from sglang_otel_kernels.recover.replay import BATCH
+    from sglang_otel_kernels.recover.resend import BATCH
 
     back_end = _ScriptedBackEnd(refuse={BATCH})  # the second batch, answered before the first
     outbox, sender = _sender(back_end, 3 * BATCH + 10)
@@ -541,7 +541,7 @@ def test_the_sender_has_two_batches_on_their_way_and_sends_again_what_was_not_ta
 
 
 def test_the_sender_drops_the_oldest_spans_past_its_bound_but_not_those_on_their_way():
-    from sglang_otel_kernels.recover.replay import BATCH
+    from sglang_otel_kernels.recover.resend import BATCH
 
     back_end = _ScriptedBackEnd(refuse={0}, held=True)
     outbox, sender = _sender(back_end, 4 * BATCH)
@@ -603,7 +603,7 @@ class _KeptMetrics:
 def test_the_sidecars_call_counts_are_added_per_kind_of_call_under_the_labels_they_had():
     from opentelemetry.sdk.resources import Resource
 
-    from sglang_otel_kernels.recover.metrics import KernelMetrics
+    from sglang_otel_kernels.live.metrics import KernelMetrics
 
     exported = _KeptMetrics()
     metrics = KernelMetrics(exported, Resource({}))
@@ -634,7 +634,7 @@ def test_the_sidecars_gauges_name_the_innermost_call_and_read_0_once_when_it_is_
 
     from opentelemetry.sdk.resources import Resource
 
-    from sglang_otel_kernels.recover.metrics import KernelMetrics, labels_of
+    from sglang_otel_kernels.live.metrics import KernelMetrics, labels_of
 
     exported = _KeptMetrics()
     metrics = KernelMetrics(exported, Resource({}))
@@ -670,7 +670,7 @@ def test_the_sidecars_gauges_name_the_innermost_call_and_read_0_once_when_it_is_
 
 
 def _ended_span(name, status="OK", exception=None, **attributes):
-    from sglang_otel_kernels.recover.reader import RecoveredSpan
+    from sglang_otel_kernels.record.reader import RecoveredSpan
 
     events = [("exception", 0, {"exception.type": exception, "exception.message": "m"})] if exception else []
     return RecoveredSpan(name, 1, 0, 0, False, 1, 0, 0, status, "", attributes, events, [], 1, None, "", "", 1, False)
@@ -684,9 +684,9 @@ def _crashes(*spans, died=True, signal=""):
 
     from opentelemetry.sdk.resources import Resource
 
-    from sglang_otel_kernels.recover.ending_spans import EndingSpans
-    from sglang_otel_kernels.recover.metrics import KernelMetrics
-    from sglang_otel_kernels.recover.reader import Assembler
+    from sglang_otel_kernels.live.ending_spans import EndingSpans
+    from sglang_otel_kernels.live.metrics import KernelMetrics
+    from sglang_otel_kernels.record.reader import Assembler
 
     exported = _KeptMetrics()
     metrics = KernelMetrics(exported, Resource({}))
@@ -736,7 +736,7 @@ def test_a_process_gone_outside_any_kernel_call_is_gauged_as_a_crash_with_why():
 def test_watch_gauges_the_suspects_of_live_jobs_only_and_a_suspect_gone_reads_0_once():
     from opentelemetry.sdk.resources import Resource
 
-    from sglang_otel_kernels.recover.metrics import JobMetrics
+    from sglang_otel_kernels.live.metrics import JobMetrics
 
     exported = _KeptMetrics()
     metrics = JobMetrics(exported, Resource({}))

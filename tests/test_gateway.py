@@ -19,7 +19,7 @@ import urllib.error
 import pytest
 
 from backends import Jaeger, Otelcol, clean_env, ensure_built, port, wait
-from sglang_otel_kernels.recover.reader import read_trace_file
+from sglang_otel_kernels.record.reader import read_trace_file
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SAMPLE_PERCENT = 30

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sglang_otel_kernels.recover.jaeger_source import jaeger_base, parse_duration, parse_time, read_jaeger
-from sglang_otel_kernels.recover.reader import TraceFileError
+from sglang_otel_kernels.record.reader import TraceFileError
 
 
 class _Answers:

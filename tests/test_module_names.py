@@ -72,7 +72,7 @@ def test_layers_and_fused_ops_are_named_in_the_trace_file(tmp_path, core):
     proc = run_python(PROGRAM, tmp_path, env)
     assert proc.returncode == 0, proc.stderr
     assert "named 6" in proc.stdout  # per layer: norm, act, proj's quant method; not the shared rotary
-    from sglang_otel_kernels.recover.reader import read_trace
+    from sglang_otel_kernels.record.reader import read_trace
 
     calls = [(s.name.rsplit(".", 2)[-2] + "." + s.name.rsplit(".", 1)[-1], s.attributes.get("sglang.kernel.op_class"),
               s.attributes.get("sglang.kernel.module")) for s in read_trace(tmp_path / "t.sgltrace")]

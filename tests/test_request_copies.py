@@ -18,7 +18,7 @@ from opentelemetry.trace import StatusCode
 import sglang_otel_kernels as sok
 from otlp_receivers import GrpcReceiver
 from sglang_otel_kernels.describe import statistics
-from sglang_otel_kernels.recover.ledger import Ledger, read_delivered
+from sglang_otel_kernels.record.ledger import Ledger, read_delivered
 from sglang_otel_kernels.recover.otlp_json import read_otlp_json
 from conftest import clean_env
 

@@ -62,7 +62,7 @@ def test_the_global_provider_guard_a_hand_over_resets():
 def test_a_file_resource_hashes_and_compares_as_the_sdks_resource():
     from opentelemetry.sdk.resources import Resource
 
-    from sglang_otel_kernels.recover.replay import FileResource
+    from sglang_otel_kernels.recover.resend import FileResource
 
     attributes = {"service.name": "s", "process.pid": 7}
     assert hash(FileResource(attributes)) == hash(Resource(attributes))

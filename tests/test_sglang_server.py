@@ -193,7 +193,7 @@ def report(*args: str) -> subprocess.CompletedProcess:
 
 
 def spans_of(path: str) -> list:
-    from sglang_otel_kernels.recover.reader import read_trace
+    from sglang_otel_kernels.record.reader import read_trace
 
     return read_trace(path)
 

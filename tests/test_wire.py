@@ -1,4 +1,4 @@
-"""The sidecar's straight path for plain kernel calls (recover/wire.py): the
+"""The sidecar's straight path for plain kernel calls (live/wire.py): the
 bytes it sends are the bytes the general path (reader -> ReadableSpan ->
 encoder) gives for the same call, and every call that is not plain is left
 to the general path."""
@@ -13,11 +13,11 @@ from conftest import run_python
 from sglang_otel_kernels.record import otlp_encode
 from sglang_otel_kernels.record.export import ExportSampler
 from sglang_otel_kernels.record.otlp_encode import EncodedSpan, _span, encode_request
-from sglang_otel_kernels.recover import reader
-from sglang_otel_kernels.recover import wire as wire_path
+from sglang_otel_kernels.record import reader
+from sglang_otel_kernels.live import wire as wire_path
 from sglang_otel_kernels.recover.otlp_json import resource_attributes
-from sglang_otel_kernels.recover.replay import FileResource, readable
-from sglang_otel_kernels.recover.wire import KernelWire
+from sglang_otel_kernels.recover.resend import FileResource, readable
+from sglang_otel_kernels.live.wire import KernelWire
 
 APP = r"""
 import threading, torch, sglang_otel_kernels as sok

@@ -32,7 +32,7 @@ from ..descriptions import tensors_in
 from .. import schema
 from ..record import attributes as _attrs
 from ..record import batches, core, tracefile
-from ..record.dumps import SKIPPED_CAPTURE, Dumps, import_path
+from ..record.tensor_dumps import SKIPPED_CAPTURE, Dumps, import_path
 from ..record.setup import follow_trace_file, watch_global_provider
 from ..record.spans import KernelSpans, awaited, call_context, parent_context, parent_entry, parent_of, unwind
 from ..record.textlog import TextLog, call_header, exception_line, section_lines

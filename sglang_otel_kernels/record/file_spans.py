@@ -89,7 +89,7 @@ def start_of(name: str, attributes: dict, links: tuple) -> "tuple | None":
     times: (the scope's symbol, flags, the name's symbol, attributes and links
     as marshal data); None where no file is written."""
     global _last_start
-    writer = _processor._current  # current_writer(), without a call: a batch span starts every step
+    writer = _processor.current  # current_writer(), without a call: a batch span starts every step
     if writer is None or writer.failed:
         return None
     # A batch span starts with the same name, attributes and links step after step: what they
@@ -104,7 +104,7 @@ def start_of(name: str, attributes: dict, links: tuple) -> "tuple | None":
 
 def write_end(span: "FileSpan", end: int) -> None:
     """A FileSpan's end record (the compiled core writes the usual one itself)."""
-    writer = _processor._current
+    writer = _processor.current
     if writer is None or writer.failed:
         return
     try:
@@ -162,7 +162,7 @@ class FileSpan(core.native.SpanRecord if core.native is not None else _SpanRecor
             links = tuple(links)
             start = start_of(name, attributes, links)
             if start is not None:
-                _processor.write_start(_processor._current, self._context, parent, attributes, links, name, start[0],
+                _processor.write_start(_processor.current, self._context, parent, attributes, links, name, start[0],
                                        time_ns(), kind._value_, start[1:])
         except Exception as exc:
             warn_failed_once("trace-file record", exc)

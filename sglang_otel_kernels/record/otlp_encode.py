@@ -202,7 +202,7 @@ def python_counter_span(trace_id: int, span_id: int, parent_id: int, name_and_ki
     """`span_bytes` of a span whose parent (0: none), name and kind come
     encoded, and whose attributes are `head`, then the int64 `counter` under
     the encoded `key` (`counter_key`), then `tail`: a plain kernel call as
-    the sidecar sends it (recover/wire.py). The compiled core's
+    the sidecar sends it (live/wire.py). The compiled core's
     `counter_span` gives the same bytes, faster."""
     number = _varint(counter & _UINT64)
     pair = key + _VALUE + _ONE_BYTE[1 + len(number)] + b"\x18" + number
@@ -252,7 +252,7 @@ def _scope(scope) -> bytes:
 class EncodedSpan:
     """A span in OTLP's wire form already (`span_bytes`), with the resource
     and scope it goes under: how the sidecar hands over a plain kernel call
-    without building the SDK's objects for it (recover/wire.py)."""
+    without building the SDK's objects for it (live/wire.py)."""
 
     __slots__ = ("resource", "instrumentation_scope", "encoded")
 

@@ -23,7 +23,8 @@ from ..notices import warn, warn_failed_once
 from . import core, tracefile
 from .tracefile import IDENT, NOTED
 
-_current: "tracefile.TraceFileWriter | None" = None
+# The trace file being written now; read as it is by the span writers (a call less per span).
+current: "tracefile.TraceFileWriter | None" = None
 
 
 class _Unrecorded(threading.local):
@@ -60,8 +61,8 @@ class KernelSpan(ReadableSpan):
 
 def set_writer(writer: "tracefile.TraceFileWriter | None") -> None:
     """The file every attached processor writes to from now on (None: none)."""
-    global _current
-    previous, _current = _current, writer
+    global current
+    previous, current = current, writer
     if core.native is not None:  # the compiled core writes its calls there too
         core.native.set_writer(writer, writer._core if writer is not None else None)
     if previous is not None and previous is not writer:
@@ -69,13 +70,13 @@ def set_writer(writer: "tracefile.TraceFileWriter | None") -> None:
 
 
 def current_writer() -> "tracefile.TraceFileWriter | None":
-    return _current
+    return current
 
 
 def trace_file_path() -> str | None:
     """The trace file this process writes: None when it is off, could not be
     created, or before the first span."""
-    writer = _current
+    writer = current
     return writer.path if writer is not None and not writer.failed else None
 
 
@@ -254,7 +255,7 @@ class TraceFileProcessor(SpanProcessor):
         return entry
 
     def on_start(self, span, parent_context=None) -> None:
-        writer = _current
+        writer = current
         if writer is None or writer.failed or _unrecorded is not None and _unrecorded.active:
             return
         try:
@@ -271,7 +272,7 @@ class TraceFileProcessor(SpanProcessor):
             warn_failed_once("trace-file record", exc)
 
     def on_end(self, span, _compact=tracefile.COMPACT_END.pack, _encoding=tracefile.ENCODING_COMPACT_END) -> None:
-        writer = _current
+        writer = current
         if writer is None or writer.failed or type(span) is KernelSpan or \
                 _unrecorded is not None and _unrecorded.active:
             return  # a kernel span: the decorator wrote it into the file already

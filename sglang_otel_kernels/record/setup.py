@@ -330,7 +330,7 @@ def _on_open(faulthandler_wanted: bool, sidecar_wanted: bool, template: str, kee
 
 def _prune(template: str, own: str, keep: int) -> None:
     try:
-        from ..recover.retention import prune
+        from .retention import prune
 
         prune(template, own, keep)
     except Exception as exc:  # a guest's housekeeping never disturbs the host

@@ -253,7 +253,7 @@ class KernelSpans:
                 trace_id = _bits(128) or 1
         flags |= self.flags | kind_flags
         span_id = _bits(64) or 1
-        writer = _processor._current
+        writer = _processor.current
         if writer is not None and not writer.failed:
             if state[NOTED] is not writer:
                 writer.note_thread(state)  # the thread's first record: on the first call, the file's creation

@@ -263,7 +263,7 @@ def traceback_path(trace_path: str) -> str:
 
 
 def delivered_path(trace_path: str) -> str:
-    """Where the export sidecar lists the spans it delivered (recover/ledger.py)."""
+    """Where the export sidecar lists the spans it delivered (record/ledger.py)."""
     return trace_path + ".delivered"
 
 

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from ..schema import BATCH_REQUEST_IDS, BATCH_SIZE, CULPRIT, CULPRIT_REQUESTS, EXCEPTION_SPAN, MODULE, NAME, STAGE, THREAD_NAME
-from .reader import RecoveredSpan, TraceFileContents
+from ..record.reader import RecoveredSpan, TraceFileContents
 
 FRAMES = 6  # innermost frames kept of a batch's exception
 MAX_UNCAUGHT = 16  # exceptions no code caught shown of one process, the newest

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from ..schema import COPY_OF
-from .reader import TraceFileContents
+from ..record.reader import TraceFileContents
 
 
 def _arg(value: Any) -> Any:

@@ -24,8 +24,8 @@ from typing import Any
 
 from ..schema import CUDA_EXCEPTION, CUDA_KERNEL, GRAPH_REPLAY, GRAPH_SUSPECT
 from .cuda_coredump import CoreDump, CoreDumpError, DeviceFault, read_cuda_coredump
-from .reader import RecoveredSpan, TraceFileContents
-from .report import call_summary, is_kernel, replay_at_death
+from ..record.reader import RecoveredSpan, TraceFileContents
+from .calls import call_summary, is_kernel, replay_at_death
 
 _NO_FAULT = {field.name: None for field in dataclasses.fields(DeviceFault)}
 _WITHIN_NS = 60 * 10**9  # a dump named otherwise joins the one process that died this close to its time

@@ -23,7 +23,7 @@ from ..schema import (COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, COPY_OF,
                       STOP_SPAN)
 from .batch_failures import is_batch
 from .otlp_json import exported_ending, without_answered_snapshots
-from .reader import RecoveredSpan, TraceFileContents, TraceFileError
+from ..record.reader import RecoveredSpan, TraceFileContents, TraceFileError
 
 NEWEST_PER_THREAD = 200  # kernel calls of each thread (and of each process) a timeline draws
 NEWEST_COLLECTIVES = 4096  # of each group (and point-to-point pair): enough to line ranks up and compare them

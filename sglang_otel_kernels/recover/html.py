@@ -18,9 +18,10 @@ from typing import Any
 
 from ..schema import COLLECTIVE_OP
 from .ranks import ending_text
-from .reader import RecoveredSpan, TraceFileContents
-from .report import (batch_lines, build_report, call_lines, call_summary, fault_lines, is_kernel, produced_nonfinite,
-                     render_text)
+from ..record.reader import RecoveredSpan, TraceFileContents
+from .calls import call_summary, is_kernel
+from .digest import produced_nonfinite
+from .report import batch_lines, build_report, call_lines, fault_lines, render_text
 
 MAX_CALLS_PER_TRACK = 200  # the newest calls of each thread: what happened just before the end
 

@@ -32,7 +32,7 @@ from ..record import identity
 from ..schema import IN_FLIGHT, THREAD_ID, THREAD_NAME
 from ..text import utf8
 from .otlp_json import exported_ending, without_answered_snapshots
-from .reader import RecoveredSpan, TraceFileContents, TraceFileError
+from ..record.reader import RecoveredSpan, TraceFileContents, TraceFileError
 
 MAX_BYTES = 256 << 20
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 from ..record import identity
 from ..schema import DEATH_SPAN, HUNG, IN_FLIGHT, THREAD_ID, THREAD_NAME
 from ..text import utf8
-from .reader import RecoveredSpan, TraceFileContents, TraceFileError, open_regular, said_ending
+from ..record.reader import RecoveredSpan, TraceFileContents, TraceFileError, open_regular, said_ending
 from .request_copies import with_copies
 
 _STATUS_CODES = {"UNSET": 0, "OK": 1, "ERROR": 2}
@@ -313,7 +313,7 @@ def _documents(data: bytes, problems: list[str]) -> Iterator[dict]:
 
 
 def without_answered_snapshots(spans: list[RecoveredSpan]) -> list[RecoveredSpan]:
-    """A hung call's early export (a child of the call, see recover/follow.py)
+    """A hung call's early export (a child of the call, see live/follow.py)
     is left out once the call's own span is there: it is the same call."""
     ids = {span.span_id for span in spans}
     return [span for span in spans if not (span.attributes.get(HUNG) is True and span.parent_span_id in ids)]

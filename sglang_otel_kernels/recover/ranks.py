@@ -37,7 +37,7 @@ from ..schema import (COLLECTIVE_GROUP as GROUP, COLLECTIVE_GROUP_RANKS as GROUP
                       STOP_SPAN)
 from .batch_failures import (after_failure, after_failure_text, at_death_words, batch_words, culprit_of, culprit_text,
                              failure_of, is_batch, request_ids, stage_of)
-from .reader import RecoveredSpan, TraceFileContents, where_written
+from ..record.reader import RecoveredSpan, TraceFileContents, where_written
 # Ops whose tensors may differ in size from rank to rank (uneven splits).
 _UNEVEN = ("all_to_all", "all_to_all_single", "all_gatherv", "reduce_scatterv")
 MAX_MISMATCHES = 20

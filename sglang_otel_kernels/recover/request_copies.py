@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 from ..record import batches
 from ..schema import BATCH_SIZE, COPY_OF, NAME, REQUEST_ID
-from .reader import RecoveredSpan
+from ..record.reader import RecoveredSpan
 
 _HOPS = 64  # parents walked up from a call to its batch
 _KNOWN = 1024  # spans whose request spans are remembered

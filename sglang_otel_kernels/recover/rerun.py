@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 
 from ..descriptions import safe_str
-from ..record import dumps as _dumps
+from ..record import tensor_dumps as _dumps
 
 
 class DumpError(Exception):

@@ -24,7 +24,7 @@ from typing import Any
 
 from .batch_failures import at_death_words, culprit_text, failure_sentence, requests_text, uncaught_sentence
 from .ranks import ending_text, killed_text
-from .reader import where_written
+from ..record.reader import where_written
 
 # `report`'s exit status of each kind (its --help says them).
 EXIT_STATUS = {"crashed": 1, "hung": 1, "mismatch": 1, "died": 1, "failed": 1, "nonfinite": 3, "waiting": 0,
@@ -63,7 +63,7 @@ def ending(info: dict[str, Any]) -> dict[str, Any]:
     failed, else its last one) and whether it `pages`: a death in or after
     kernel calls, or an end by a failure; a process that made no kernel
     call and raised nothing (a server's front end) pages for nothing. The
-    sidecar's crash gauges render it (recover/metrics.py)."""
+    sidecar's crash gauges render it (live/metrics.py)."""
     state, after, uncaught = info["state"], info.get("after_failure"), info.get("uncaught") or ()
     ended_by = after if after and not after.get("went_on") else None  # a failure it never went on from
     if state in ("running", "frozen", "stopped") or (state == "ended" and not ended_by and not uncaught):

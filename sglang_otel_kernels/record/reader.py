@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 from .. import files
 from .._version import __version__
-from ..record import tracefile as fmt
+from . import tracefile as fmt
 from ..schema import (BLACKBOX, COLLECTIVE_FIELDS, DEATH_SPAN, FATAL_SIGNAL, GRAPH_CALLS, GRAPH_CAPTURED, GRAPH_ID,
                       GRAPH_REPLAY, IN_FLIGHT, LEVEL, NAME, SEQ, TRACER_NAME)
 from ..text import utf8
@@ -38,11 +38,11 @@ from ..text import utf8
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
 STATUS_NAMES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 _RECORD_MAGIC_BYTES = struct.pack("<I", fmt.RECORD_MAGIC)
-_COMPACT_END = "e"
+COMPACT_END_RECORD = "e"
 _KERNEL_START = "ks"
 _KERNEL_END = "ke"
-_SPAN_START = "s"
-_START_ATTRIBUTES = 9  # where a _SPAN_START tuple holds its attributes (see _span)
+SPAN_START_RECORD = "s"
+_START_ATTRIBUTES = 9  # where a SPAN_START_RECORD tuple holds its attributes (see _span)
 # Not in any file: the reader's mark of a break in the sequence numbers (the
 # ring overwrote, or a follower was lapped by, the records in between).
 GAP = ("gap",)
@@ -497,7 +497,7 @@ def payload_record(data, view: memoryview, start: int, length: int, crc: int, en
         return _attributed_end(data, view, start, length) or MALFORMED
     if encoding == fmt.ENCODING_COMPACT_END and length == _compact_size:
         span_id, end_time, status = _compact(data, start)
-        return (_COMPACT_END, span_id, end_time, status) if end_time >= 0 else MALFORMED
+        return (COMPACT_END_RECORD, span_id, end_time, status) if end_time >= 0 else MALFORMED
     return _content(bytes(view[start:stop]), encoding) or MALFORMED
 
 
@@ -756,7 +756,7 @@ def _links(value) -> "tuple | None":
 
 
 def _span_start(payload: bytes):
-    """(_SPAN_START, trace id, span id, parent id, name (symbol number, or the
+    """(SPAN_START_RECORD, trace id, span id, parent id, name (symbol number, or the
     name itself when written inline), kind, start, thread, scope symbol,
     attributes, links, sampled flag, remote parent, parent sampled)."""
     fixed = fmt.SPAN_START
@@ -776,7 +776,7 @@ def _span_start(payload: bytes):
     attributes = _attributes(data)
     if attributes is None or links is None:
         return None
-    return (_SPAN_START, (high << 64) | low, span_id, parent_id, name, kind, start, thread, scope, attributes, links,
+    return (SPAN_START_RECORD, (high << 64) | low, span_id, parent_id, name, kind, start, thread, scope, attributes, links,
             flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED), None)
 
 
@@ -791,7 +791,7 @@ def _inline_name(data) -> tuple:
 def _kernel_span(data, view: memoryview, offset: int, length: int, _unpack=fmt.KERNEL_SPAN.unpack_from,
                  _size=fmt.KERNEL_SPAN.size):
     """A kernel call's start (the record's payload at `offset` of the mapped
-    `data`), as a _SPAN_START tuple whose scope is _KERNEL_SCOPE: its name
+    `data`), as a SPAN_START_RECORD tuple whose scope is _KERNEL_SCOPE: its name
     goes first among its attributes when it is made. Once per kernel call of
     a file: the defaults bind what it needs as locals."""
     if length < _size:
@@ -820,7 +820,7 @@ def _kernel_span(data, view: memoryview, offset: int, length: int, _unpack=fmt.K
             name = known[0]
         extra = known[1]
         attributes.update(extra)
-    return (_SPAN_START, (high << 64) | low, span_id, parent_id, name, kind, start, thread, _KERNEL_SCOPE, attributes,
+    return (SPAN_START_RECORD, (high << 64) | low, span_id, parent_id, name, kind, start, thread, _KERNEL_SCOPE, attributes,
             (), flags & fmt.FLAG_SAMPLED, bool(flags & fmt.FLAG_REMOTE_PARENT), bool(flags & fmt.FLAG_PARENT_SAMPLED),
             None if replay else extra)
 
@@ -830,7 +830,7 @@ def _kernel_span(data, view: memoryview, offset: int, length: int, _unpack=fmt.K
 # with the reading its attributes were made of (after its name, level, call
 # number and black-box mark, in that order), or None when they were made
 # otherwise: a replay's, or changed after its start. Never changed, so a
-# reading's encoding can be kept by the sidecar (recover/wire.py).
+# reading's encoding can be kept by the sidecar (live/wire.py).
 _NOTHING: dict = {}
 _extras: dict = {}
 _EXTRAS_LIMIT, _EXTRA_CACHED = 4096, 4096
@@ -981,11 +981,11 @@ class Assembler:
         kind = record[0]
         # The common records first, with comparisons rather than calls: this
         # runs once per record (a million in a full 16 MiB file).
-        if kind is _SPAN_START:
+        if kind is SPAN_START_RECORD:
             self.starts[record[2]] = record
             if record[6] > self.last_time:
                 self.last_time = record[6]
-        elif kind is _COMPACT_END or kind == fmt.END or kind == fmt.CALL_END:
+        elif kind is COMPACT_END_RECORD or kind == fmt.END or kind == fmt.CALL_END:
             span_id, end_time = (record[2], record[3]) if kind == fmt.END else (record[1], record[2])
             if end_time > self.last_time:
                 self.last_time = end_time
@@ -1048,12 +1048,12 @@ class Assembler:
             span.attributes[GRAPH_CALLS] = len(calls) + left_out
             if span.in_flight:  # the suspects, on the span wherever it goes (export, the sidecar, replay)
                 span.attributes[GRAPH_CAPTURED] = tuple(
-                    f"{_name(self.symbols, name)} {', '.join(shapes)}".rstrip() for name, shapes, _ in calls)
+                    f"{symbol_name(self.symbols, name)} {', '.join(shapes)}".rstrip() for name, shapes, _ in calls)
         return span
 
     def graph_calls(self) -> dict:
         """The graphs' captured calls with their names resolved: id -> (calls, calls left out)."""
-        return {graph_id: (tuple((_name(self.symbols, name), shapes, dtypes) for name, shapes, dtypes in calls),
+        return {graph_id: (tuple((symbol_name(self.symbols, name), shapes, dtypes) for name, shapes, dtypes in calls),
                            left_out) for graph_id, (calls, left_out) in self.graphs.items()}
 
     def kernel_calls_started_before(self, time_ns: int) -> list[tuple]:
@@ -1063,13 +1063,13 @@ class Assembler:
     def parent_of(self, span_id: int) -> "int | None":
         """The parent span id of a span still open (its batch, an outer call), or None."""
         start = self.starts.get(span_id)
-        return None if start is None or start[0] is not _SPAN_START else start[3]
+        return None if start is None or start[0] is not SPAN_START_RECORD else start[3]
 
     def linking_to(self, span_id: int) -> list[tuple[int, int, dict, dict, bool]]:
         """The open spans with a link to span `span_id`: (trace id, span id,
         attributes, the link's attributes, sampled) each."""
         return [(start[1], start[2], start[9], link[2], bool(start[11]))
-                for start in self.starts.values() if start[0] is _SPAN_START and start[10]
+                for start in self.starts.values() if start[0] is SPAN_START_RECORD and start[10]
                 for link in start[10] if link[1] == span_id]
 
     def in_flight(self) -> list[RecoveredSpan]:
@@ -1078,7 +1078,7 @@ class Assembler:
 
     def _call(self, start: tuple, end: "tuple | None") -> RecoveredSpan:
         _, site, seq, start_time, thread, trace_high, trace_low, parent_id = start
-        name = _name(self.symbols, site)
+        name = symbol_name(self.symbols, site)
         attributes = {NAME: name, SEQ: seq, BLACKBOX: True}
         events: list = []
         if end is None:
@@ -1130,7 +1130,7 @@ def _assemble(records: list[tuple]) -> "tuple[list[RecoveredSpan], int, Assemble
 _START = operator.attrgetter("start_time")
 
 
-def _name(symbols: dict[int, Any], number: "int | str") -> str:
+def symbol_name(symbols: dict[int, Any], number: "int | str") -> str:
     """A span's name: written inline, or its symbol's. One the file does not
     hold (a full table when a black-box kernel was first seen, or damage) still shows."""
     if type(number) is str:
@@ -1144,7 +1144,7 @@ def _name(symbols: dict[int, Any], number: "int | str") -> str:
 def _span(start: tuple, end: tuple | None, threads: dict[int, str], symbols: dict[int, Any]) -> RecoveredSpan:
     (_, trace_id, span_id, parent_id, name, kind, start_time, thread, scope_number,
      attributes, links, flags, parent_remote, parent_sampled, _) = start
-    name = _name(symbols, name)
+    name = symbol_name(symbols, name)
     if scope_number == _KERNEL_SCOPE:
         scope, scope_version = KERNEL_SCOPE
         if end is None:  # the start stays open: a follower may make its span again
@@ -1160,7 +1160,7 @@ def _span(start: tuple, end: tuple | None, threads: dict[int, str], symbols: dic
     if end is None:
         end_time, status_name, description = None, "ERROR", IN_FLIGHT_DESCRIPTION
         attributes[IN_FLIGHT] = True
-    elif end[0] == _COMPACT_END:
+    elif end[0] == COMPACT_END_RECORD:
         end_time, status_name, description = end[2], STATUS_NAMES.get(end[3], "UNSET"), ""
     elif end[0] == fmt.CALL_END:
         _, _, end_time, status, description, events, added = end

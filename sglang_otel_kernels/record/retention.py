@@ -16,7 +16,7 @@ import glob
 import os
 
 from ..config import DEFAULT_TRACE_FILE_KEEP
-from ..record.tracefile import delivered_path, traceback_path
+from .tracefile import delivered_path, traceback_path
 from .reader import TraceFileError, read_trace_file
 
 

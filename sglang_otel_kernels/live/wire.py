@@ -1,5 +1,5 @@
 """A trace file's plain kernel calls straight into OTLP's wire form, for the
-sidecar (recover/follow.py): the bulk of what it exports, at level 3 and
+sidecar (live/follow.py): the bulk of what it exports, at level 3 and
 above, is kernel calls that ended well, each made of the same few parts as
 the calls of its site before it. Their attributes are encoded once per
 distinct reading of their records; record/otlp_encode.py's `counter_span`
@@ -16,8 +16,8 @@ from ..record.otlp_encode import status as status_field
 from ..schema import (BLACKBOX, COPY_OF, HAS_INF, HAS_NAN, HUNG, IN_FLIGHT, LEVEL, NAME, NONFINITE, SEQ, THREAD_ID,
                       THREAD_NAME)
 from ..record.tracefile import CALL_END
-from .reader import _COMPACT_END, _SPAN_START, KERNEL_SCOPE, Assembler, _name
-from .replay import instrumentation_scope
+from ..record.reader import COMPACT_END_RECORD, KERNEL_SCOPE, SPAN_START_RECORD, Assembler, symbol_name
+from ..recover.resend import instrumentation_scope
 
 # Keys a plain call's attribute readings never hold: those made apart from
 # them (and so placed apart), and those that send a call down the general path
@@ -50,9 +50,9 @@ class KernelWire:
         self._shapes: dict[tuple, tuple] = {}
 
     def take(self, start: tuple, end: tuple) -> bool:
-        if start[0] is not _SPAN_START or len(start) != _FIELDS or start[_EXTRA] is None:
+        if start[0] is not SPAN_START_RECORD or len(start) != _FIELDS or start[_EXTRA] is None:
             return False
-        if end[0] is _COMPACT_END:
+        if end[0] is COMPACT_END_RECORD:
             added = _NONE_ADDED
         elif end[0] == CALL_END and not end[4] and not end[5]:
             added = end[6]
@@ -64,7 +64,7 @@ class KernelWire:
         (_, trace_id, span_id, parent_id, number, kind, start_time, thread, _, attributes, _, _, remote,
          parent_sampled, extra) = start
         remote = bool(parent_id) and remote
-        name = _name(self.assembler.symbols, number)
+        name = symbol_name(self.assembler.symbols, number)
         key = (id(extra), id(added), name, kind, attributes[LEVEL], attributes.get(BLACKBOX), thread,
                self.assembler.threads.get(thread), status, remote)
         shape = self._shapes.get(key)

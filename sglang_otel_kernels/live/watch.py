@@ -2,7 +2,7 @@
 kept up to date where a team looks.
 
 Each live trace file under the paths (one node's files, or a directory all
-nodes write to) is followed as it is written (recover/follow.py's
+nodes write to) is followed as it is written (live/follow.py's
 RingFollower): the calls the verdict needs are kept, bounded (the calls in
 flight, the newest ended ones, each group's newest collectives, the failed
 ones), and every `interval` the verdict of each job (recover/ranks.py) is
@@ -34,11 +34,11 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from .._version import __version__
 from ..record.export_errors import export_batch
 from ..schema import COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, NAME, TRACER_NAME
-from .batch_failures import is_batch
-from .digest import PROCESS_SPANS
+from ..recover.batch_failures import is_batch
+from ..recover.digest import PROCESS_SPANS
 from .follow import RingFollower
-from .ranks import cross_rank, timestamp
-from .reader import Assembler, TraceFileContents, TraceFileError, note_death, read_heartbeat, writer_alive
+from ..recover.ranks import cross_rank, timestamp
+from ..record.reader import Assembler, TraceFileContents, TraceFileError, note_death, read_heartbeat, writer_alive
 
 VERDICT = "sglang.verdict"
 NEWEST_CALLS = 200  # ended kernel calls a file keeps for the verdict (it reads the newest)

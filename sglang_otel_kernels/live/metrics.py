@@ -50,8 +50,8 @@ from opentelemetry.sdk.resources import Resource
 from .._version import __version__
 from ..record import batches
 from ..schema import COLLECTIVE_OP, COPY_OF, FATAL_SIGNAL, HUNG, NAME, TRACER_NAME
-from .ranks import rank_of_metadata
-from .reader import RecoveredSpan, innermost_call
+from ..recover.ranks import rank_of_metadata
+from ..record.reader import RecoveredSpan, innermost_call
 
 RANK, HOST, JOB = "sglang.rank", "host.name", "sglang.job"
 COLLECTIVE = "sglang.kernel.collective"  # whether the call is a collective (torch.distributed): its waiters are victims

@@ -12,16 +12,16 @@ import collections
 from typing import Any
 
 from ..schema import COPY_OF, EXCEPTION_SPAN, HUNG, NAME, STOP_SPAN
-from .batch_failures import MAX_UNCAUGHT, is_failure
-from .ranks import state_of
-from .reader import Assembler, RecoveredSpan, TraceFileContents
-from .report import process_entry
+from ..recover.batch_failures import MAX_UNCAUGHT, is_failure
+from ..recover.ranks import state_of
+from ..record.reader import Assembler, RecoveredSpan, TraceFileContents
+from ..recover.report import process_entry
 
 
 class EndingSpans:
     def __init__(self, assembler: Assembler) -> None:
         self._assembler = assembler
-        # The (start, end) records of a plain call that ended well (recover/wire.py's, never made a span),
+        # The (start, end) records of a plain call that ended well (live/wire.py's, never made a span),
         # while it is the last call that ended: made a span only when asked for.
         self.plain: "tuple | None" = None
         self._last_call: "RecoveredSpan | None" = None

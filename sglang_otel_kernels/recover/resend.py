@@ -24,9 +24,9 @@ from ..record import export
 from ..record.export_errors import export_batch, quiet_exporter_logs
 from ..schema import COPY_OF
 from .device_faults import mark_in_flight
-from .ledger import read_delivered
+from ..record.ledger import read_delivered
 from .otlp_json import exported_attributes, resource_attributes
-from .reader import RecoveredSpan, TraceFileContents
+from ..record.reader import RecoveredSpan, TraceFileContents
 from .request_copies import with_copies
 
 BATCH = 512
@@ -125,7 +125,7 @@ def replay(
     """Exports the spans of every file, each call that matters with its
     copies into its batch's request traces, except (unless `everything`)
     those the export sidecar already delivered to `endpoint`, the
-    exporter's (recover/ledger.py).
+    exporter's (record/ledger.py).
     Raises ConnectionError when the back end does not take a batch."""
     work = []
     in_flight = copies = delivered_before = 0

@@ -22,18 +22,18 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from ..notices import warn
 from ..record.export import ExportSampler
 from ..record.export_errors import export_batch
-from .otlp_json import resource_attributes
+from ..recover.otlp_json import resource_attributes
 from ..record import tracefile as fmt
 from .._version import __version__
 from ..schema import DEATH_SPAN, FATAL_SIGNAL, HUNG, IN_FLIGHT, IN_FLIGHT_SECONDS, NAME, TRACER_NAME
-from .device_faults import mark_in_flight
+from ..recover.device_faults import mark_in_flight
 from .ending_spans import EndingSpans
-from .ledger import Ledger
+from ..record.ledger import Ledger
 from .metrics import KernelMetrics, labels_of
-from .reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death, map_trace_file, read_header,
+from ..record.reader import (GAP, Assembler, RecoveredSpan, TraceFileError, death, map_trace_file, read_header,
                      payload_record, read_heartbeat, record_at, scan, with_gaps, writer_alive)
-from .replay import BATCH, FileResource, readable
-from .request_copies import RequestTraces
+from ..recover.resend import BATCH, FileResource, readable
+from ..recover.request_copies import RequestTraces
 from .wire import KernelWire
 
 # Spans kept for a back end that does not take them, then the oldest are dropped.
@@ -193,7 +193,7 @@ class _Outbox:
     """Spans waiting for the back end, in order, with the trace file's span
     each one finishes delivering: the last span queued for a file span (its
     copies come after it) carries that span's id, which goes into the list
-    of delivered spans once the back end took it (recover/ledger.py)."""
+    of delivered spans once the back end took it (record/ledger.py)."""
 
     def __init__(self, ledger: "Ledger | None") -> None:
         self.spans: list = []
@@ -339,7 +339,7 @@ def follow(path: str, exporter: SpanExporter, *, alive: Callable[[], bool] | Non
     it, still go. With `delivered_to` (the exporter's endpoint), what the
     back end took is listed beside the file (`FILE.delivered`), so that a
     later `replay` there sends only the rest. With `metrics`, the process's
-    kernel calls are counted for alerts (recover/metrics.py). With
+    kernel calls are counted for alerts (live/metrics.py). With
     `ending_only` (an application whose own provider exports every span it
     ended, kernel calls included, from its process) nothing is read while
     the process lives: once it has ended, the file is read once and only

@@ -28,7 +28,7 @@ import tempfile
 
 from .. import files
 from ..notices import warn
-from ..record.tracefile import delivered_path
+from .tracefile import delivered_path
 
 MAGIC = b"SOKDELIV"
 VERSION = 1
