@@ -58,7 +58,7 @@ static void span_record_dealloc(SpanRecord *self) {
 /* The end record of a span that added attributes only, written here; else
  * (events, a description, no file, an error) Python's `end` writes it. */
 static int span_record_write_end(SpanRecord *self, long long end) {
-    if (core.writer == NULL)
+    if (recording.writer == NULL)
         return 0;
     int events = self->events != NULL && PyList_Check(self->events) && PyList_GET_SIZE(self->events);
     int described = self->description != NULL && self->description != Py_None &&
@@ -79,7 +79,7 @@ static int span_record_write_end(SpanRecord *self, long long end) {
                 record[16] = (unsigned char)self->status;
                 if (extra)
                     memcpy(record + COMPACT_END_SIZE, PyBytes_AS_STRING(added), extra);
-                done = write_record(core.writer, core.ring, extra ? ENCODING_ATTRIBUTED_END : ENCODING_COMPACT_END,
+                done = write_record(recording.writer, recording.ring, extra ? ENCODING_ATTRIBUTED_END : ENCODING_COMPACT_END,
                                     record, COMPACT_END_SIZE + extra);
                 if (extra)
                     PyMem_Free(record);
@@ -209,7 +209,7 @@ static PyObject *batch_scope_close(BatchScope *self, PyObject *exc) {
     }
     PyObject *token = self->token;
     self->token = NULL;
-    if (PyContextVar_Reset(core.context_var, token) < 0) {
+    if (PyContextVar_Reset(recording.context_var, token) < 0) {
         /* as OpenTelemetry's detach: a token of another context is told, not raised */
         PyObject *t, *v, *tb;
         PyErr_Fetch(&t, &v, &tb);
@@ -313,14 +313,14 @@ static PyObject *open_batch(PyObject *module, PyObject *const *args, Py_ssize_t 
                                          "current, batch, end_later)");
         return NULL;
     }
-    if (batch.context == NULL || core.context_var == NULL || core.writer == NULL ||
-        core.ring == NULL || core.ring->inline_end < 0)
+    if (batch.context == NULL || recording.context_var == NULL || recording.writer == NULL ||
+        recording.ring == NULL || recording.ring->inline_end < 0)
         Py_RETURN_NONE;
     PyObject *start = args[1], *parent = args[2], *trace_id = args[3], *current = args[4];
     PyObject *state = thread_state();
     if (state == NULL)
         return NULL;
-    if (!PyList_CheckExact(state) || PyList_GET_SIZE(state) != 4 || PyList_GET_ITEM(state, 0) != core.writer) {
+    if (!PyList_CheckExact(state) || PyList_GET_SIZE(state) != 4 || PyList_GET_ITEM(state, 0) != recording.writer) {
         Py_DECREF(state);
         Py_RETURN_NONE;
     }
@@ -382,7 +382,7 @@ static PyObject *open_batch(PyObject *module, PyObject *const *args, Py_ssize_t 
         record[57] = (unsigned char)flags;
         memcpy(record + SPAN_START_SIZE, PyBytes_AS_STRING(data), size);
     }
-    if (write_record(core.writer, core.ring, ENCODING_SPAN_START, record, SPAN_START_SIZE + size) < 0)
+    if (write_record(recording.writer, recording.ring, ENCODING_SPAN_START, record, SPAN_START_SIZE + size) < 0)
         goto fail;
     SpanRecord *made = (SpanRecord *)((PyTypeObject *)args[0])->tp_alloc((PyTypeObject *)args[0], 0);
     if ((span = (PyObject *)made) == NULL)
@@ -402,7 +402,7 @@ static PyObject *open_batch(PyObject *module, PyObject *const *args, Py_ssize_t 
     scope_object->calls_before = Py_NewRef(PyList_GET_ITEM(state, 3));
     scope_object->end_later = PyObject_IsTrue(args[6]) == 1;
     scope_object->token = NULL;
-    if ((token = PyContextVar_Set(core.context_var, published)) == NULL)
+    if ((token = PyContextVar_Set(recording.context_var, published)) == NULL)
         goto fail;
     scope_object->token = token;
     token = NULL;

@@ -82,10 +82,10 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
 static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames TIMED_PARAMETER) {
     if (compiling())
         return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
-    int describe = self->level > core.bare_upto; /* its arguments too */
-    if (core.capturing ||
-        (describe && (self->level > core.described_upto || self->replays != NULL || describer.add_described == NULL)) ||
-        core.ring == NULL || core.ring->inline_end < 0 || !spans_ready())
+    int describe = self->level > recording.bare_upto; /* its arguments too */
+    if (recording.capturing ||
+        (describe && (self->level > recording.described_upto || self->replays != NULL || describer.add_described == NULL)) ||
+        recording.ring == NULL || recording.ring->inline_end < 0 || !spans_ready())
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
     /* A kernel's first call into this file, and a thread's, go through Python,
      * which writes the kernel's name and the thread's: before describing, which
@@ -96,7 +96,7 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
     PyObject *state = thread_state();
     if (state == NULL)
         return NULL;
-    if (!PyList_CheckExact(state) || PyList_GET_SIZE(state) != 4 || PyList_GET_ITEM(state, 0) != core.writer) {
+    if (!PyList_CheckExact(state) || PyList_GET_SIZE(state) != 4 || PyList_GET_ITEM(state, 0) != recording.writer) {
         Py_DECREF(state);
         return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
     }
@@ -117,16 +117,16 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
         }
         /* The ring, the kernel's name in it and the thread's writer, as they are
          * now: a reconfiguration while describing sends the call through Python. */
-        symbol = core.ring == NULL || core.ring->inline_end < 0 ? 0 : site_symbol(self);
-        if (symbol == 0 || PyList_GET_ITEM(state, 0) != core.writer) {
+        symbol = recording.ring == NULL || recording.ring->inline_end < 0 ? 0 : site_symbol(self);
+        if (symbol == 0 || PyList_GET_ITEM(state, 0) != recording.writer) {
             Py_DECREF(state);
             out_free(&opening);
             return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
         }
     }
     PyObject *outer = Py_NewRef(PyList_GET_ITEM(state, 2));
-    PyObject *writer = Py_NewRef(core.writer);
-    Ring *ring = (Ring *)Py_NewRef((PyObject *)core.ring);
+    PyObject *writer = Py_NewRef(recording.writer);
+    Ring *ring = (Ring *)Py_NewRef((PyObject *)recording.ring);
     PyObject *trace = NULL, *result = NULL;
     InFlight *call = NULL;
     PyObject *extra = NULL; /* a replay's attributes or the site's, marshalled (a described call's are in `opening`) */
@@ -153,12 +153,12 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
     } else {
         if (root_parent() < 0)
             goto slow;
-        flags = core.parent_flags;
-        parent_id = core.parent_id;
+        flags = recording.parent_flags;
+        parent_id = recording.parent_id;
         if (parent_id) {
-            hi = core.trace_hi;
-            lo = core.trace_lo;
-            trace = Py_NewRef(core.last_trace);
+            hi = recording.trace_hi;
+            lo = recording.trace_lo;
+            trace = Py_NewRef(recording.last_trace);
         } else if ((trace = random_trace(&hi, &lo)) == NULL)
             goto slow;
     }
@@ -169,11 +169,11 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
     } else if (!describe && self->attributes != NULL) {
         extra = Py_NewRef(self->attributes);
     }
-    flags |= core.span_flags | kind_flags;
+    flags |= recording.span_flags | kind_flags;
     uint64_t span_id = random_span_id();
     if (!kind_flags)
-        seq = ++core.seq;
-    core.recorded++;
+        seq = ++recording.seq;
+    recording.recorded++;
     PyObject *calls = PyNumber_Add(PyList_GET_ITEM(state, 3), one);
     if (calls == NULL)
         goto fail;
@@ -221,7 +221,7 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
         PyErr_NormalizeException(&type, &value, &traceback);
         if (traceback != NULL && value != NULL)
             PyException_SetTraceback(value, traceback);
-        PyObject *done = PyObject_CallFunctionObjArgs(core.failed, self->site, (PyObject *)call,
+        PyObject *done = PyObject_CallFunctionObjArgs(recording.failed, self->site, (PyObject *)call,
                                                    value ? value : Py_None, NULL);
         if (done == NULL)
             PyErr_WriteUnraisable(self->slow);

@@ -1,4 +1,4 @@
-/* The module: its functions and types, made ready at import; record/core.py
+/* The module: its functions and types, made ready at import; record/recording.py
  * loads it, or the pure-Python path records where it is not built. */
 
 static PyMethodDef module_methods[] = {
@@ -8,7 +8,7 @@ static PyMethodDef module_methods[] = {
      "set_describer(Tensor, Parameter, {dtype: name}, torch.strided, attribute prefix, "
      "add_described(attributes, path, value), encode): what describing arguments reads."},
     {"set_capturing", set_capturing, METH_O, "How many CUDA graphs are being captured."},
-    {"setup", setup, METH_VARARGS, "The Python objects the core reads (record/core.py)."},
+    {"setup", setup, METH_VARARGS, "The Python objects the core reads (record/recording.py)."},
     {"seed", seed, METH_O, "Seeds the span and trace ids (32 bytes)."},
     {"set_batch", set_batch, METH_VARARGS,
      "set_batch(SpanContext, TraceFlags(SAMPLED), DEFAULT_TRACE_STATE, Context, the span's key, the batch's key, "

@@ -28,15 +28,15 @@ typedef struct {
 } Recorded;
 
 static int compiling(void) {
-    if (core.compiler != NULL) { /* torch.compiler's namespace: its flag, read as is_compiling() reads it */
-        PyObject *flag = PyDict_GetItemWithError(core.compiler, str_flag);
+    if (recording.compiler != NULL) { /* torch.compiler's namespace: its flag, read as is_compiling() reads it */
+        PyObject *flag = PyDict_GetItemWithError(recording.compiler, str_flag);
         if (flag == NULL)
             PyErr_Clear();
         return flag == Py_True;
     }
-    if (core.is_compiling == NULL)
+    if (recording.is_compiling == NULL)
         return 0;
-    PyObject *flag = PyObject_CallNoArgs(core.is_compiling);
+    PyObject *flag = PyObject_CallNoArgs(recording.is_compiling);
     if (flag == NULL) {
         PyErr_Clear();
         return 0;
@@ -51,23 +51,23 @@ static int compiling(void) {
  * whose processors are all the trace file's (spans.py: _targets None for
  * the processors it last saw). */
 static int spans_ready(void) {
-    if (core.spans_ready == 1)
+    if (recording.spans_ready == 1)
         return 1;
-    if (core.spans == NULL)
+    if (recording.spans == NULL)
         return 0;
-    if (core.spans_ready == 2) {
-        PyObject *present = PyObject_GetAttr(core.processors, str_span_processors);
+    if (recording.spans_ready == 2) {
+        PyObject *present = PyObject_GetAttr(recording.processors, str_span_processors);
         if (present == NULL) {
             PyErr_Clear();
             return 0;
         }
-        int same = present == core.seen;
+        int same = present == recording.seen;
         if (!same) {
             /* Changed since: fast again once Python has looked at them and found no other. */
-            PyObject *seen = PyObject_GetAttr(core.spans, str_seen);
-            PyObject *targets = seen != NULL ? PyObject_GetAttr(core.spans, str_targets) : NULL;
+            PyObject *seen = PyObject_GetAttr(recording.spans, str_seen);
+            PyObject *targets = seen != NULL ? PyObject_GetAttr(recording.spans, str_targets) : NULL;
             if (seen == present && targets == Py_None) {
-                Py_XSETREF(core.seen, Py_NewRef(present));
+                Py_XSETREF(recording.seen, Py_NewRef(present));
                 same = 1;
             }
             Py_XDECREF(seen);
@@ -77,7 +77,7 @@ static int spans_ready(void) {
         Py_DECREF(present);
         return same;
     }
-    PyObject *provider = PyObject_GetAttr(core.spans, str_provider);
+    PyObject *provider = PyObject_GetAttr(recording.spans, str_provider);
     if (provider == NULL) {
         PyErr_Clear();
         return 0;
@@ -86,28 +86,28 @@ static int spans_ready(void) {
     Py_DECREF(provider);
     if (!set_up)
         return 0;
-    PyObject *processors = PyObject_GetAttr(core.spans, str_processors);
+    PyObject *processors = PyObject_GetAttr(recording.spans, str_processors);
     if (processors == NULL) {
         PyErr_Clear();
         return 0;
     }
     if (processors == Py_None) {
-        core.spans_ready = 1;
+        recording.spans_ready = 1;
         Py_DECREF(processors);
         return 1;
     }
-    Py_XSETREF(core.processors, processors);
-    Py_CLEAR(core.seen);
-    core.spans_ready = 2;
+    Py_XSETREF(recording.processors, processors);
+    Py_CLEAR(recording.seen);
+    recording.spans_ready = 2;
     return 0;
 }
 
 /* This site's name as a symbol of the current ring: 0 when Python must
  * write it first (or cannot: the table is full, and the name goes inline). */
 static unsigned long site_symbol(Recorded *self) {
-    if (self->symbol_ring == core.ring->id)
+    if (self->symbol_ring == recording.ring->id)
         return self->symbol;
-    PyObject *symbols = PyObject_GetAttr(core.writer, str_symbols);
+    PyObject *symbols = PyObject_GetAttr(recording.writer, str_symbols);
     if (symbols == NULL) {
         PyErr_Clear();
         return 0;
@@ -120,7 +120,7 @@ static unsigned long site_symbol(Recorded *self) {
         return 0;
     }
     if (symbol != 0 && symbol <= 0xFFFFFFFFul) {
-        self->symbol_ring = core.ring->id;
+        self->symbol_ring = recording.ring->id;
         self->symbol = symbol;
         return symbol;
     }
@@ -131,12 +131,12 @@ static unsigned long site_symbol(Recorded *self) {
  * call starts a trace) of trace `trace` (`hi`, `lo`), with `flags`. */
 static void keep_parent(PyObject *context, PyObject *trace, uint64_t hi, uint64_t lo, uint64_t parent_id,
                         unsigned flags) {
-    Py_XSETREF(core.last_context, Py_NewRef(context));
-    Py_XSETREF(core.last_trace, parent_id ? Py_NewRef(trace) : NULL);
-    core.trace_hi = hi;
-    core.trace_lo = lo;
-    core.parent_id = parent_id;
-    core.parent_flags = flags;
+    Py_XSETREF(recording.last_context, Py_NewRef(context));
+    Py_XSETREF(recording.last_trace, parent_id ? Py_NewRef(trace) : NULL);
+    recording.trace_hi = hi;
+    recording.trace_lo = lo;
+    recording.parent_id = parent_id;
+    recording.parent_flags = flags;
 }
 
 /* Takes `parent`, parent_of's (context, trace id, parent id, flags), as
@@ -159,21 +159,21 @@ static int use_parent(PyObject *parent) {
  * current OpenTelemetry context, which consecutive calls mostly share. */
 static int root_parent(void) {
     PyObject *context;
-    if (core.context_var != NULL) {
-        if (PyContextVar_Get(core.context_var, NULL, &context) < 0)
+    if (recording.context_var != NULL) {
+        if (PyContextVar_Get(recording.context_var, NULL, &context) < 0)
             return -1;
         if (context == NULL)
             context = Py_NewRef(Py_None);
     } else {
-        context = PyObject_CallNoArgs(core.get_current);
+        context = PyObject_CallNoArgs(recording.get_current);
         if (context == NULL)
             return -1;
     }
-    if (context == core.last_context) {
+    if (context == recording.last_context) {
         Py_DECREF(context);
         return 0;
     }
-    PyObject *parent = PyObject_CallOneArg(core.parent_of, context);
+    PyObject *parent = PyObject_CallOneArg(recording.parent_of, context);
     Py_DECREF(context);
     if (parent == NULL)
         return -1;

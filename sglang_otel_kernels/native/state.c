@@ -1,6 +1,6 @@
 /* What the Python side sets (the writer, the runtime, the describer),
  * the clock and the ids: this core's state; its Python twins are
- * record/core.py (which sets it) and record/spans.py's ids and clock. */
+ * record/recording.py (which sets it) and record/spans.py's ids and clock. */
 
 /* -- what the Python side sets ------------------------------------------- */
 
@@ -32,7 +32,7 @@ static struct {
     PyObject *last_trace; /* its trace id as an int, or NULL: each call starts a trace */
     uint64_t trace_hi, trace_lo, parent_id;
     unsigned parent_flags;
-} core = {.bare_upto = -1, .described_upto = -1};
+} recording = {.bare_upto = -1, .described_upto = -1};
 
 /* What describing arguments reads (set_describer). */
 static struct {
@@ -60,7 +60,7 @@ static PyObject *str_shape, *str_dtype, *str_is_cpu, *str_device, *str_layout, *
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 static uint64_t random64(void) {
-    uint64_t *s = core.random;
+    uint64_t *s = recording.random;
     uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
     s[2] ^= s[0];
     s[3] ^= s[1];
@@ -148,11 +148,11 @@ static PyObject *set_writer(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "set_writer(writer or None, its Ring or None)");
         return NULL;
     }
-    Py_CLEAR(core.writer);
-    Py_CLEAR(core.ring);
+    Py_CLEAR(recording.writer);
+    Py_CLEAR(recording.ring);
     if (args[0] != Py_None && args[1] != Py_None) {
-        core.writer = Py_NewRef(args[0]);
-        core.ring = (Ring *)Py_NewRef(args[1]);
+        recording.writer = Py_NewRef(args[0]);
+        recording.ring = (Ring *)Py_NewRef(args[1]);
     }
     Py_RETURN_NONE;
 }
@@ -163,15 +163,15 @@ static PyObject *set_runtime(PyObject *module, PyObject *args) {
     unsigned int flags;
     if (!PyArg_ParseTuple(args, "OlI|l:set_runtime", &spans, &bare_upto, &flags, &described_upto))
         return NULL;
-    Py_CLEAR(core.spans);
+    Py_CLEAR(recording.spans);
     if (spans != Py_None)
-        core.spans = Py_NewRef(spans);
-    core.spans_ready = 0;
-    Py_CLEAR(core.processors);
-    Py_CLEAR(core.seen);
-    core.bare_upto = spans == Py_None ? -1 : bare_upto;
-    core.described_upto = spans == Py_None ? -1 : described_upto;
-    core.span_flags = flags;
+        recording.spans = Py_NewRef(spans);
+    recording.spans_ready = 0;
+    Py_CLEAR(recording.processors);
+    Py_CLEAR(recording.seen);
+    recording.bare_upto = spans == Py_None ? -1 : bare_upto;
+    recording.described_upto = spans == Py_None ? -1 : described_upto;
+    recording.span_flags = flags;
     Py_RETURN_NONE;
 }
 
@@ -179,7 +179,7 @@ static PyObject *set_capturing(PyObject *module, PyObject *arg) {
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred())
         return NULL;
-    core.capturing = (int)n;
+    recording.capturing = (int)n;
     Py_RETURN_NONE;
 }
 
@@ -195,7 +195,7 @@ static PyObject *thread_state(void) {
     uint64_t id = PyThreadState_GetID(PyThreadState_Get());
     if (id == state_owner && state_of_owner != NULL)
         return Py_NewRef(state_of_owner);
-    PyObject *state = PyObject_GetAttr(core.per_thread, str_state);
+    PyObject *state = PyObject_GetAttr(recording.per_thread, str_state);
     if (state != NULL) {
         Py_XSETREF(state_of_owner, Py_NewRef(state));
         state_owner = id;
@@ -208,18 +208,18 @@ static PyObject *setup(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOO:setup", &per_thread, &context_var, &get_current, &parent_of, &failed,
                           &compiler, &is_compiling))
         return NULL;
-    Py_XSETREF(core.per_thread, Py_NewRef(per_thread));
+    Py_XSETREF(recording.per_thread, Py_NewRef(per_thread));
     Py_CLEAR(state_of_owner); /* another object's states */
-    Py_XSETREF(core.context_var, context_var == Py_None ? NULL : Py_NewRef(context_var));
-    Py_XSETREF(core.get_current, Py_NewRef(get_current));
-    Py_XSETREF(core.parent_of, Py_NewRef(parent_of));
-    Py_XSETREF(core.failed, Py_NewRef(failed));
+    Py_XSETREF(recording.context_var, context_var == Py_None ? NULL : Py_NewRef(context_var));
+    Py_XSETREF(recording.get_current, Py_NewRef(get_current));
+    Py_XSETREF(recording.parent_of, Py_NewRef(parent_of));
+    Py_XSETREF(recording.failed, Py_NewRef(failed));
     if (compiler != Py_None && !PyDict_Check(compiler)) {
         PyErr_SetString(PyExc_TypeError, "setup: torch.compiler's namespace (a dict) or None");
         return NULL;
     }
-    Py_XSETREF(core.compiler, compiler == Py_None ? NULL : Py_NewRef(compiler));
-    Py_XSETREF(core.is_compiling, Py_NewRef(is_compiling));
+    Py_XSETREF(recording.compiler, compiler == Py_None ? NULL : Py_NewRef(compiler));
+    Py_XSETREF(recording.is_compiling, Py_NewRef(is_compiling));
     Py_RETURN_NONE;
 }
 
@@ -227,29 +227,29 @@ static PyObject *seed(PyObject *module, PyObject *arg) {
     Py_buffer bytes;
     if (PyObject_GetBuffer(arg, &bytes, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (bytes.len != sizeof(core.random)) {
+    if (bytes.len != sizeof(recording.random)) {
         PyBuffer_Release(&bytes);
         PyErr_SetString(PyExc_ValueError, "seed takes 32 bytes");
         return NULL;
     }
-    memcpy(core.random, bytes.buf, sizeof(core.random));
+    memcpy(recording.random, bytes.buf, sizeof(recording.random));
     PyBuffer_Release(&bytes);
-    if (!(core.random[0] | core.random[1] | core.random[2] | core.random[3]))
-        core.random[0] = 1;
+    if (!(recording.random[0] | recording.random[1] | recording.random[2] | recording.random[3]))
+        recording.random[0] = 1;
     Py_RETURN_NONE;
 }
 
 static PyObject *next_seq(PyObject *module, PyObject *unused) {
-    return PyLong_FromUnsignedLongLong(++core.seq);
+    return PyLong_FromUnsignedLongLong(++recording.seq);
 }
 
 static PyObject *recorded(PyObject *module, PyObject *unused) {
-    return PyLong_FromUnsignedLongLong(core.recorded);
+    return PyLong_FromUnsignedLongLong(recording.recorded);
 }
 
 static PyObject *reset_seq(PyObject *module, PyObject *unused) {
-    core.seq = 0;
-    Py_CLEAR(core.last_context);
-    Py_CLEAR(core.last_trace);
+    recording.seq = 0;
+    Py_CLEAR(recording.last_context);
+    Py_CLEAR(recording.last_trace);
     Py_RETURN_NONE;
 }
