@@ -183,6 +183,13 @@ def _report(options) -> int:
         raise _Failure(f"no kernel calls in {len(digests)} process(es) of the OTLP JSON files or Jaeger traces given")
     report = build_report(ours, last=options.last, hang_seconds=options.hang_seconds, dumps=dumps,
                           skipped=len(digests) - len(ours))
+    import os
+
+    from .filesystems import slow_filesystem_note
+
+    folders = [path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)) for path in options.paths]
+    for note in dict.fromkeys(filter(None, map(slow_filesystem_note, folders))):
+        print(f"sglang-otel-kernels: {note}", file=sys.stderr)  # beside the report: its text stays as it was
     contents = [item.contents for item in ours]
     if options.html:
         from .recover.html import render_html

@@ -23,6 +23,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from .example.model import VOCAB
+from .filesystems import slow_filesystem_note
 from .record.reader import read_trace_file
 from .recover.report import build_report, render_text
 
@@ -65,6 +66,9 @@ def _send_all(port: int) -> None:
 def _report(path: str) -> None:
     print(f"\nCrash report from {path} (sglang-otel-kernels report {os.path.basename(path)}):\n")
     sys.stdout.write(render_text(build_report([read_trace_file(path)], last=5)))
+    note = slow_filesystem_note(os.path.dirname(path))
+    if note:
+        print(f"\nNote: {note}")
 
 
 def run(level: int = 3, crash: bool = False) -> int:

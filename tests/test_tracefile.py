@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -108,6 +109,56 @@ def test_capacity_bounds_the_file_and_keeps_the_newest(traced, tmp_path):
     # after each wrap still resolves them.
     assert {(s.name, s.scope_name, s.thread_name) for s in contents.spans} == {
         ("k", "sglang_otel_kernels", threading.current_thread().name)}
+
+
+def _resident_kib(path) -> int:
+    """How much of the mapping of the file at `path` is in this process's
+    memory (smaps' Rss; the mapping is found by inode: the file was made
+    under a temporary name)."""
+    inode, total, inside = str(os.stat(path).st_ino), 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if len(fields) >= 5 and "-" in fields[0] and not fields[0].endswith(":"):
+                inside = fields[4] == inode
+            elif inside and line.startswith("Rss:"):
+                total += int(fields[1])
+    return total
+
+
+def _resident_past(path, kib: int, timeout: float = 60) -> int:
+    """The mapping's resident KiB once past `kib` (or when `timeout` is over)."""
+    wait_until = time.monotonic() + timeout
+    while _resident_kib(path) < kib and time.monotonic() < wait_until:
+        time.sleep(0.05)
+    return _resident_kib(path)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
+def test_the_rings_pages_are_made_present_ahead_of_the_first_lap(tmp_path):
+    """The calls of the first lap take no page fault each: a thread keeps
+    the ring's pages present and writable (MADV_POPULATE_WRITE) 512 KiB and
+    more ahead of the writer, changing no byte; a process that wrote little
+    has not had its whole ring made resident."""
+    path = tmp_path / "t.sgltrace"
+    capacity, ahead = 16 << 20, fmt._AHEAD // 1024
+    writer = fmt.TraceFileWriter(str(path), capacity=capacity)
+    try:
+        writer.append((fmt.THREAD, 1, "main"))
+        assert _resident_past(path, ahead) >= ahead
+        time.sleep(1.0)  # the thread looks again: nothing more was written, nothing more is populated
+        assert _resident_kib(path) < (capacity // 1024) // 2
+        record = (fmt.THREAD, 2, "x" * 4000)
+        while writer._core.offset < 6 << 20:
+            writer.append(record)
+        assert _resident_past(path, (fmt.HEADER_SIZE + writer._core.offset) // 1024 + ahead) >= \
+            (fmt.HEADER_SIZE + writer._core.offset) // 1024 + ahead
+        end = fmt.HEADER_SIZE + writer._core.offset + 4096
+        with open(path, "rb") as handle:
+            handle.seek(end)
+            assert handle.read(capacity + fmt.HEADER_SIZE - end) == bytes(capacity + fmt.HEADER_SIZE - end)
+    finally:
+        writer.close()
 
 
 def test_a_record_after_close_never_creates_the_file_again(tmp_path):
