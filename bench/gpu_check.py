@@ -821,6 +821,33 @@ SECTIONS = {"culprits": culprits, "coredump": coredump, "nan_check": nan_check, 
             "level10": level10, "decode": decode, "graphs": graphs, "provenance": provenance}
 
 
+def environment(directory: str) -> dict:
+    """What a per-call figure depends on besides the code: the clock the
+    kernel reads time from (a clock read is a system call where it is no
+    `tsc`: kvm-clock, hpet, xen), what one `time.time_ns()` costs here, and
+    the filesystem of the trace files (a network one makes the first lap's
+    pages round trips)."""
+    from sglang_otel_kernels.filesystems import filesystem_of
+
+    try:
+        with open("/sys/devices/system/clocksource/clocksource0/current_clocksource") as source:
+            clocksource = source.read().strip()
+    except OSError:
+        clocksource = None
+    reads, rounds = 200_000, []
+    for _ in range(5):
+        began = time.perf_counter_ns()
+        for _ in range(reads):
+            time.time_ns()
+        middle = time.perf_counter_ns()
+        for _ in range(reads):
+            pass
+        rounds.append((2 * middle - began - time.perf_counter_ns()) / reads)  # the reads less the loop
+    return {"clocksource": clocksource, "time_ns_cost_ns": round(max(sorted(rounds)[2], 0.0), 1),
+            "trace_dir": directory, "trace_dir_filesystem": filesystem_of(directory),
+            "dev_shm_filesystem": filesystem_of("/dev/shm") if os.path.isdir("/dev/shm") else None}
+
+
 def fetch_wheels(folder: str) -> int:
     """The pure-Python wheels the lent machine lacks, downloaded here."""
     os.makedirs(folder, exist_ok=True)
@@ -845,6 +872,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== {summary['device']}, torch {summary['torch']}, Python {summary['python']}, core {summary['core']}",
           flush=True)
     directory = tempfile.mkdtemp(prefix="sok-gpu-check-")
+    summary["environment"] = environment(directory)
+    print(f"== environment: {json.dumps(summary['environment'])}", flush=True)
     for name in options.only or SECTIONS:
         if time.monotonic() - started > BUDGET_S:
             outcome: dict = {"status": "skipped", "reason": f"over the {BUDGET_S} s budget"}

@@ -169,5 +169,10 @@ def test_gpu_check_dry_run_on_the_cpu_runs_every_section_and_writes_its_summary(
     assert all(s["status"] == "skipped" and s["reason"] == "no CUDA device"
                for name, s in sections.items() if name != "stats")
     assert sections["stats"]["status"] == "ran"
+    # What the figures depend on besides the code, in every run's summary.
+    environment = summary["environment"]
+    assert environment["time_ns_cost_ns"] > 0 and environment["trace_dir_filesystem"]
+    assert set(environment) == {"clocksource", "time_ns_cost_ns", "trace_dir", "trace_dir_filesystem",
+                                "dev_shm_filesystem"}
     assert sections["stats"]["sweep float8_e4m3fn"][3:] == [1, 0]  # NaN counted on float8
     assert sections["stats"]["sweep float8_e5m2"][3:] == [0, 1]  # and Inf, which float8 has no isinf for
