@@ -6,7 +6,8 @@ side (a restructuring must leave them identical).
     python bench/compare_reports.py REVISION [TRACE_FILE_OR_DIR ...]
 
 Without files, every `*.sgltrace` the test suite left under pytest's
-temporary directory (run the tests first). The revision is checked out into
+temporary directory (run the tests first); each is copied first, with what
+lies beside it. The revision is checked out into
 a temporary worktree and run from there with its compiled core built. Each
 difference is printed with the file; the exit status is 1 when any. The
 HTML page's generation time differs by nature and is left out of the
@@ -19,6 +20,7 @@ import argparse
 import difflib
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,6 +59,16 @@ def main() -> int:
         paths += sorted(glob.glob(os.path.join(path, "**", "*.sgltrace"), recursive=True)) if os.path.isdir(path) \
             else [path]
     with tempfile.TemporaryDirectory() as scratch:
+        # Copies, with what lies beside each (its traceback, its delivery ledger): pytest's own directories are
+        # pruned while the tests run, and a file gone between the two runs would read as a difference.
+        copies = []
+        for number, path in enumerate(paths):
+            folder = os.path.join(scratch, "files", str(number))
+            os.makedirs(folder)
+            for beside in glob.glob(glob.escape(path) + "*"):
+                shutil.copy2(beside, folder)
+            copies.append(os.path.join(folder, os.path.basename(path)))
+        paths = [path for path in copies if os.path.exists(path)]
         before = os.path.join(scratch, "before")
         subprocess.run(["git", "worktree", "add", "--detach", before, options.revision], cwd=ROOT, check=True,
                        capture_output=True)
