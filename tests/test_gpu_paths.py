@@ -176,3 +176,28 @@ def test_gpu_check_dry_run_on_the_cpu_runs_every_section_and_writes_its_summary(
                                 "dev_shm_filesystem"}
     assert sections["stats"]["sweep float8_e4m3fn"][3:] == [1, 0]  # NaN counted on float8
     assert sections["stats"]["sweep float8_e5m2"][3:] == [0, 1]  # and Inf, which float8 has no isinf for
+
+
+def test_the_decode_sections_figures_are_medians_and_ranges_against_level_0_of_the_same_rounds():
+    """bench/gpu_check.py's decode figures, from rows as its children print
+    them (the logic a GPU run relies on, run here)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    row = lambda host, gpu, wall, faults=0, recorded=0: {  # noqa: E731
+        "host_ms": host, "gpu_ms": gpu, "wall_ms": wall, "faults": faults, "recorded_by_the_compiled_core": recorded}
+    figures = gpu_check.decode_figures({
+        "level 0": [row(1.0, 2.0, 2.0), row(1.2, 2.0, 2.1), row(0.8, 2.0, 2.2)],
+        "black box": [row(1.32, 2.0, 2.1, 3, 32 * 17), row(1.4, 2.0, 2.2, 1, 32 * 17), row(1.2, 2.0, 2.3, 2, 32 * 17)],
+        "level 1": [row(3.0, 2.0, 3.0), row(3.2, 2.1, 3.3), row(2.8, 1.9, 3.15)],
+        "level 5": []})  # every child of a mode failed: no figure
+    assert figures["level 0"]["host_ms"] == {"median": 1.0, "range": [0.8, 1.2]} and "added_host_us_a_call" not in \
+        figures["level 0"]
+    box = figures["black box"]
+    assert box["added_host_us_a_call"] == round(0.32 * 1e3 / 32, 2) and box["added_wall_of_a_step"] == "4.8 %"
+    assert box["bound_by"] == "gpu" and box["faults"]["median"] == 2 and box["recorded_by_the_compiled_core"] == 544
+    assert figures["level 1"]["bound_by"] == "host" and figures["level 1"]["added_wall_of_a_step"] == "50.0 %"
+    assert "level 5" not in figures
