@@ -22,7 +22,10 @@ are the newest, and run first):
   nan_check  a graph of 4 decorated layers whose third makes NaN in its second replay, with
              SGLANG_KERNEL_API_GRAPH_NAN_CHECK=1: that replay's span names "3: ..."; 1000 replays
              timed with the check on and off
-  syncs      synchronisations per call at levels 1, 3, 5, 10 and during graph capture
+  syncs      synchronisations per call, each row a fresh configuration saying what it runs (file only:
+             the production path; an in-process exporter; the black box) at levels 1, 3, 5, 10, in both
+             orders, two calls a row, how many the compiled core recorded; during graph capture beside
+             the bare kernel captured
   stats      level-5 statistics on 1 GiB float32 and bfloat16 against one aminmax; a dtype sweep
   capture    a CUDA graph captured at levels 3, 5, 10 and in the black box, text log and trace
              file on, an argument object holding a CUDA tensor: captured, replayed
@@ -120,14 +123,48 @@ def recorded(**settings):
 # -- syncs ------------------------------------------------------------------------
 
 
+def sync_rows(directory: str) -> dict:
+    """The rows of `syncs`, each a complete configuration of its own (so
+    that none runs in what the row before it left on): label -> settings.
+    "File only" is the production path: the trace file the provider's only
+    processor (what runs with sidecar export, or none), kernel calls
+    recorded by the compiled core where it is built."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    file_only, with_exporter = TracerProvider(), TracerProvider()
+    with_exporter.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    rows = {"level 1, file only": {"level": 1}, "level 3, file only": {"level": 3},
+            "black box, level 1": {"level": 1, "blackbox": True}, "black box, level 3": {"level": 3, "blackbox": True},
+            "level 1, in-process exporter": {"level": 1, "tracer_provider": with_exporter},
+            "level 3, in-process exporter": {"level": 3, "tracer_provider": with_exporter},
+            "level 5, file only": {"level": 5}, "level 10, file only": {"level": 10}}
+    return {label: {"log_dest": "off", "spans": True, "blackbox": False, "export_sidecar": False,
+                    "tracer_provider": file_only, "dump_dir": os.path.join(directory, "sync-dumps"),
+                    "trace_file": os.path.join(directory, f"sync-{number}.sgltrace"), **settings}
+            for number, (label, settings) in enumerate(rows.items())}
+
+
+def sync_table(labels: list, count) -> dict:
+    """Each row counted in both orders (forward, then reversed: a row's
+    figure must not come from its place), `count(label)` giving its entry."""
+    table: dict = {label: {} for label in labels}
+    for order, ordered in (("forward", labels), ("reversed", labels[::-1])):
+        for label in ordered:
+            table[label][order] = count(label)
+    return table
+
+
 def syncs(directory: str) -> dict:
     need_cuda()
     import sglang_otel_kernels as sok
+    from sglang_otel_kernels.record import core
 
     x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
-    result = {"claim": "0 at levels 1 and 3 and in the black box at levels 1 and 3 (its arguments' device recorded "
-                       "as cuda:0 by the compiled core), 2 at level 5 (one per side), none during graph capture; the "
-                       "bare kernel's own count beside them"}
+    result: dict = {"claim": "0 at levels 1 and 3 and in the black box, file only and with an in-process exporter; "
+                             "2 at level 5 (one per side); none during graph capture; each beside the bare kernel's "
+                             "own count"}
 
     def bare(t):  # the kernel every row decorates, counted undecorated first and last
         return t * 2
@@ -135,40 +172,36 @@ def syncs(directory: str) -> dict:
     bare(x)
     torch.cuda.synchronize()
     result["bare kernel"] = _sync_entry(lambda: bare(x))
-    for level in (1, 3, 5, 10):
-        recorded(level=level, dump_dir=os.path.join(directory, "sync-dumps"), trace_file=os.path.join(directory, "s.sgltrace"))
-        kernel = sok.debug_kernel_api(op_name=f"sync{level}")(bare)
+    rows = sync_rows(directory)
+
+    def count(label: str) -> dict:
+        sok.configure(**rows[label])
+        kernel = sok.debug_kernel_api(op_name=f"sync.{label}")(bare)
+        kernel(x)  # the file opens; a site's first calls go through Python
         kernel(x)
         torch.cuda.synchronize()
-        result[f"level {level}"] = _sync_entry(lambda: kernel(x))
-        result[f"level {level}, next call"] = _sync_entry(lambda: kernel(x))
-    recorded(level=1, blackbox=True, trace_file=os.path.join(directory, "bb1.sgltrace"))
-    kernel = sok.debug_kernel_api(op_name="sync_bb1")(bare)
-    kernel(x)
-    torch.cuda.synchronize()
-    result["black box, level 1"] = _sync_entry(lambda: kernel(x))
-    black_box = os.path.join(directory, "bb3.sgltrace")
-    recorded(level=3, blackbox=True, trace_file=black_box)
-    kernel = sok.debug_kernel_api(op_name="sync_bb3")(lambda t: t * 2)
-    kernel(x)  # a kernel's first call goes through Python; the next ones through the compiled core
-    torch.cuda.synchronize()
-    result["black box, level 3"] = _sync_entry(lambda: kernel(x))
-    result["black box, level 3, devices recorded"] = sorted(
-        {str(span.attributes.get("sglang.kernel.input.arg0.device")) for span in sok.read_trace(black_box)
-         if span.name == "sync_bb3"})
-    recorded(level=5)
-    kernel = sok.debug_kernel_api(op_name="sync_capture")(lambda t: t * 2)
+        before = core.native.recorded() if core.native is not None else 0
+        entry = {"call": _sync_entry(lambda: kernel(x)), "next call": _sync_entry(lambda: kernel(x))}
+        entry["of 2 recorded by the compiled core"] = (core.native.recorded() if core.native is not None else 0) - before
+        return entry
+
+    result.update(sync_table(list(rows), count))
+    sok.configure(**{**rows["level 5, file only"], "trace_file": os.path.join(directory, "sync-capture.sgltrace")})
+    kernel = sok.debug_kernel_api(op_name="sync.capture")(bare)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         kernel(x)
+        bare(x)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
 
-    def captured():
+    def captured(fn):
+        graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            kernel(x)
+            fn(x)
 
-    result["during capture"] = _sync_entry(captured)
+    result["during capture, bare kernel"] = _sync_entry(lambda: captured(bare))
+    result["during capture, level 5 (file only, no black box)"] = _sync_entry(lambda: captured(kernel))
+    sok.configure(level=0, trace_file="off")
     result["bare kernel, last"] = _sync_entry(lambda: bare(x))
     return result
 

@@ -178,15 +178,20 @@ def test_gpu_check_dry_run_on_the_cpu_runs_every_section_and_writes_its_summary(
     assert sections["stats"]["sweep float8_e5m2"][3:] == [0, 1]  # and Inf, which float8 has no isinf for
 
 
-def test_the_decode_sections_figures_are_medians_and_ranges_against_level_0_of_the_same_rounds():
-    """bench/gpu_check.py's decode figures, from rows as its children print
-    them (the logic a GPU run relies on, run here)."""
+def _gpu_check():
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "gpu_check.py")
     spec = importlib.util.spec_from_file_location("gpu_check", path)
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+def test_the_decode_sections_figures_are_medians_and_ranges_against_level_0_of_the_same_rounds():
+    """bench/gpu_check.py's decode figures, from rows as its children print
+    them (the logic a GPU run relies on, run here)."""
+    gpu_check = _gpu_check()
     row = lambda host, gpu, wall, faults=0, recorded=0: {  # noqa: E731
         "host_ms": host, "gpu_ms": gpu, "wall_ms": wall, "faults": faults, "recorded_by_the_compiled_core": recorded}
     figures = gpu_check.decode_figures({
@@ -201,3 +206,38 @@ def test_the_decode_sections_figures_are_medians_and_ranges_against_level_0_of_t
     assert box["bound_by"] == "gpu" and box["faults"]["median"] == 2 and box["recorded_by_the_compiled_core"] == 544
     assert figures["level 1"]["bound_by"] == "host" and figures["level 1"]["added_wall_of_a_step"] == "50.0 %"
     assert "level 5" not in figures
+
+
+def test_each_syncs_row_is_a_whole_configuration_of_its_own_counted_in_both_orders(tmp_path):
+    """bench/gpu_check.py's syncs rows: each sets every setting a row
+    before it could have left on (the black box, the provider, the trace
+    file), the production rows with no processor but the trace file's; each
+    is accepted by configure and records its calls here (the compiled core
+    where it is built); and the table counts each row forward and reversed."""
+    import torch
+
+    import sglang_otel_kernels as sok
+    from sglang_otel_kernels.record import core
+
+    gpu_check = _gpu_check()
+    rows = gpu_check.sync_rows(str(tmp_path))
+    assert len({row["trace_file"] for row in rows.values()}) == len(rows)
+    assert all(set(row) >= {"blackbox", "tracer_provider", "trace_file", "spans", "log_dest"} for row in rows.values())
+    assert [label for label, row in rows.items() if row["blackbox"]] == ["black box, level 1", "black box, level 3"]
+    production = rows["level 1, file only"]["tracer_provider"]
+    assert not production._active_span_processor._span_processors  # the trace file's is added when configured
+    for label in ("level 1, file only", "black box, level 3"):
+        sok.configure(**rows[label])
+        kernel = sok.debug_kernel_api(op_name=f"sync.{label}")(lambda t: t * 2)
+        kernel(torch.ones(2))
+        kernel(torch.ones(2))  # a site's first calls go through Python
+        before = core.native.recorded() if core.native is not None else 0
+        kernel(torch.ones(2))
+        if core.native is not None:
+            assert core.native.recorded() - before == 1, label  # the production path: the compiled core's
+    sok.configure(level=0, trace_file="off")
+    seen = []
+    table = gpu_check.sync_table(["a", "b", "c"], lambda label: seen.append(label) or len(seen))
+    assert seen == ["a", "b", "c", "c", "b", "a"]
+    assert table == {"a": {"forward": 1, "reversed": 6}, "b": {"forward": 2, "reversed": 5},
+                     "c": {"forward": 3, "reversed": 4}}
