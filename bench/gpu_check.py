@@ -8,6 +8,9 @@ no network: fetch the pure-Python wheels here, carry them, install them there.
     pip install -q --no-index --no-deps --target /tmp/sok-site .gpu-wheels/*.whl   # there
     PYTHONPATH=/tmp/sok-site:. python bench/gpu_check.py --out "$OUT/gpu_check.json"
 
+Without CUDA, `--dry-run` runs decode, syncs and provenance on the CPU against stand-ins (their
+code, children and fields checked; their figures say nothing of a GPU); the others say they skipped.
+
 Sections (each isolated: one that fails never stops the others; children
 time out after 90 s; about 6 minutes in all), each printed and written to the
 JSON summary with what the documentation claims beside what was measured (the first three
@@ -33,7 +36,8 @@ are the newest, and run first):
   in_flight  a long kernel at level 5, the child killed by SIGKILL: the call in flight on disk
   level10    a failing CUDA call dumped in one child, re-run in another; after the dump limit a
              call with a 1 GiB input makes no copy
-  decode     a decode-like step of 32 bf16 layers at levels 0, 1, 3, 5 and the black box, 3 rounds
+  decode     a decode-like step of 32 bf16 layers at levels 0, 1, 3, 5 and the black box (once with
+             the trace file on /dev/shm), 3 rounds
              of fresh children pinned to one CPU, level 0 in each: the host's launch time of a step,
              its GPU time (behind torch.cuda._sleep), the wall time of steps in a row, page faults,
              calls the compiled core recorded; overhead as host us a call and as wall time of a step
@@ -43,7 +47,7 @@ are the newest, and run first):
              holding torch.cuda._sleep runs: the report lists the graph's kernels
   provenance NaN in some rows of a batched bf16 output at level 5: the requests named
              (a row per request, and declared extend rows), the copies made, the synchronisations
-             of a clean batched call against one with NaN
+             of a clean batched call against one with NaN, each beside the bare kernel's
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ import functools
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -75,9 +80,48 @@ class Skip(Exception):
     """A section that cannot run here; the message says why."""
 
 
-def need_cuda() -> None:
-    if not CUDA:
-        raise Skip("no CUDA device")
+# `--dry-run` on a machine without CUDA: the sections that can, run on the CPU against stand-ins
+# (STAND_INS: events timed by the host's clock, synchronize and _sleep doing nothing; host reads of
+# tensor values counted where a GPU's synchronisations would be), so that their code and fields are
+# checked before a GPU is lent. Their figures say nothing of a GPU.
+DRY_RUN = False
+STAND_INS = r"""
+import time as _time, torch as _torch
+class _Event:
+    def __init__(self, enable_timing=False, **_):
+        self.at = None
+    def record(self, stream=None):
+        self.at = _time.perf_counter()
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1e3
+_torch.cuda.Event, _torch.cuda.synchronize, _torch.cuda._sleep = _Event, lambda device=None: None, lambda cycles: None
+"""
+
+
+def device() -> str:
+    return "cpu" if DRY_RUN and not CUDA else "cuda"
+
+
+def need_cuda(stand_in: bool = False) -> None:
+    """Skip a section with no CUDA device, unless it runs on stand-ins in a dry run."""
+    if not CUDA and not (DRY_RUN and stand_in):
+        raise Skip("no CUDA device" + (", and no stand-in for this section" if DRY_RUN else ""))
+
+
+def _sibling(name: str):
+    """A module of bench/ (this file is run as a script and loaded by path from the tests)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def on_device(text: str) -> str:
+    """A child's script on this run's device, behind the stand-ins in a dry run."""
+    text = text.replace("__DEVICE__", repr(device()))
+    return STAND_INS + text if device() == "cpu" else text
 
 
 def _child_env(**env: str) -> dict:
@@ -88,13 +132,13 @@ def _child_env(**env: str) -> dict:
 
 
 def child(script: str, directory: str, timeout: float = CHILD_TIMEOUT_S, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", script], cwd=directory, env=_child_env(**env), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-c", on_device(script)], cwd=directory, env=_child_env(**env),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def killed_child(script: str, trace_file: str, level: str, after_s: float) -> None:
     """`script` run at `level` into `trace_file`, killed by SIGKILL `after_s` after its first line."""
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=_child_env(
+    proc = subprocess.Popen([sys.executable, "-c", on_device(script)], stdout=subprocess.PIPE, text=True, env=_child_env(
         SGLANG_KERNEL_API_LOGLEVEL=level, SGLANG_KERNEL_API_LOGDEST="off", SGLANG_KERNEL_API_TRACEFILE=trace_file))
     proc.stdout.readline()
     time.sleep(after_s)
@@ -157,11 +201,11 @@ def sync_table(labels: list, count) -> dict:
 
 
 def syncs(directory: str) -> dict:
-    need_cuda()
+    need_cuda(stand_in=True)
     import sglang_otel_kernels as sok
     from sglang_otel_kernels.record import core
 
-    x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 4096, device=device(), dtype=torch.bfloat16)
     result: dict = {"claim": "0 at levels 1 and 3 and in the black box, file only and with an in-process exporter; "
                              "2 at level 5 (one per side); none during graph capture; each beside the bare kernel's "
                              "own count"}
@@ -174,8 +218,10 @@ def syncs(directory: str) -> dict:
     result["bare kernel"] = _sync_entry(lambda: bare(x))
     rows = sync_rows(directory)
 
-    def count(label: str) -> dict:
-        sok.configure(**rows[label])
+    counted = iter(range(1 << 30))
+
+    def count(label: str) -> dict:  # each count into a fresh file (a row is counted twice)
+        sok.configure(**{**rows[label], "trace_file": rows[label]["trace_file"].replace(".sgltrace", f"-{next(counted)}.sgltrace")})
         kernel = sok.debug_kernel_api(op_name=f"sync.{label}")(bare)
         kernel(x)  # the file opens; a site's first calls go through Python
         kernel(x)
@@ -186,6 +232,11 @@ def syncs(directory: str) -> dict:
         return entry
 
     result.update(sync_table(list(rows), count))
+    if not CUDA:
+        result["during capture"] = "not stood in: needs CUDA graphs"
+        sok.configure(level=0, trace_file="off")
+        result["bare kernel, last"] = _sync_entry(lambda: bare(x))
+        return result
     sok.configure(**{**rows["level 5, file only"], "trace_file": os.path.join(directory, "sync-capture.sgltrace")})
     kernel = sok.debug_kernel_api(op_name="sync.capture")(bare)
     stream = torch.cuda.Stream()
@@ -208,7 +259,12 @@ def syncs(directory: str) -> dict:
 
 def _syncs_in(call) -> list[str]:
     """The synchronisations `call` made, each as the Python line it came from and
-    torch's message: the line says whose code synchronised."""
+    torch's message: the line says whose code synchronised. On the stand-ins,
+    the host reads of tensor values it made."""
+    if not CUDA:
+        with _sibling("host_reads").host_reads() as reads:
+            call()
+        return reads
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -435,12 +491,12 @@ def level10(directory: str) -> dict:
 # A stack of bf16 layers (LAYERS of HIDDEN), each one `kernel` call, and `step()` through them.
 STACK = r"""
 import json, os, statistics, sys, time, torch, sglang_otel_kernels as sok
-layers = [torch.randn(HIDDEN, HIDDEN, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(LAYERS)]
+layers = [torch.randn(HIDDEN, HIDDEN, device=__DEVICE__, dtype=torch.bfloat16) / 64 for _ in range(LAYERS)]
 def layer(x, w):
     return torch.nn.functional.silu(x @ w)
 kernel = layer if os.environ["SGLANG_KERNEL_API_LOGLEVEL"] == "0" else \
     sok.debug_kernel_api(op_name="sglang.custom_op.layer")(layer)
-x = torch.randn(8, HIDDEN, device="cuda", dtype=torch.bfloat16)
+x = torch.randn(8, HIDDEN, device=__DEVICE__, dtype=torch.bfloat16)
 def step():
     h = x
     for w in layers:
@@ -453,7 +509,7 @@ def stack(layers: int, hidden: int) -> str:
     return STACK.replace("LAYERS", str(layers)).replace("HIDDEN", str(hidden))
 
 
-CHILD_DECODE = stack(32, 4096) + r"""
+CHILD_DECODE = r"""
 import resource
 from sglang_otel_kernels.record import core
 for _ in range(5): step()
@@ -482,8 +538,10 @@ found = {key: statistics.median(values) for key, values in rows.items()}
 found["recorded_by_the_compiled_core"] = core.native.recorded() if core.native is not None else 0
 print(json.dumps(found))
 """
-DECODE_MODES = {"level 0": ("0", "0"), "level 1": ("1", "0"), "level 3": ("3", "0"), "level 5": ("5", "0"),
-                "black box": ("1", "1"), "black box, level 3": ("3", "1")}
+# label -> (level, black box, where the trace file goes: None for the run's directory)
+DECODE_MODES = {"level 0": ("0", "0", None), "level 1": ("1", "0", None), "level 3": ("3", "0", None),
+                "level 5": ("5", "0", None), "black box": ("1", "1", None), "black box, level 3": ("3", "1", None),
+                "black box, /dev/shm": ("1", "1", "/dev/shm")}
 DECODE_ROUNDS = 3
 DECODE_CALLS = 32  # recorded calls a step
 
@@ -526,23 +584,33 @@ def decode(directory: str) -> dict:
     time of a step (CUDA events, the step queued behind torch.cuda._sleep),
     the wall time of steps in a row, the calling thread's page faults a
     step and the calls the compiled core recorded (0: Python recorded
-    them)."""
-    need_cuda()
+    them). A dry run's layers are 256 wide."""
+    need_cuda(stand_in=True)
     found: dict = {label: [] for label in DECODE_MODES}
     failures: dict = {}
     pin = _pinned()
-    for _ in range(DECODE_ROUNDS):
-        for label, (level, blackbox) in DECODE_MODES.items():
-            proc = subprocess.run(
-                [sys.executable, "-c", CHILD_DECODE], cwd=directory, capture_output=True, text=True,
-                timeout=CHILD_TIMEOUT_S, preexec_fn=pin, env=_child_env(
-                    SGLANG_KERNEL_API_LOGLEVEL=level, SGLANG_KERNEL_API_LOGDEST="off",
-                    SGLANG_KERNEL_API_BLACKBOX=blackbox,
-                    SGLANG_KERNEL_API_TRACEFILE=os.path.join(directory, f"decode_{level}_{blackbox}_%i.sgltrace")))
-            if proc.returncode != 0:
-                failures[label] = f"FAILED: {proc.stderr.strip()[-300:]}"
-                continue
-            found[label].append(json.loads(proc.stdout.splitlines()[-1]))
+    code = on_device(stack(32, 4096 if CUDA else 256) + CHILD_DECODE)
+    shm = tempfile.mkdtemp(prefix="sok-gpu-check-", dir="/dev/shm") if os.path.isdir("/dev/shm") else None
+    try:
+        for _ in range(DECODE_ROUNDS):
+            for label, (level, blackbox, where) in DECODE_MODES.items():
+                if where == "/dev/shm" and shm is None:
+                    failures[label] = "no /dev/shm here"
+                    continue
+                folder = shm if where == "/dev/shm" else directory
+                proc = subprocess.run(
+                    [sys.executable, "-c", code], cwd=directory, capture_output=True, text=True,
+                    timeout=CHILD_TIMEOUT_S, preexec_fn=pin, env=_child_env(
+                        SGLANG_KERNEL_API_LOGLEVEL=level, SGLANG_KERNEL_API_LOGDEST="off",
+                        SGLANG_KERNEL_API_BLACKBOX=blackbox,
+                        SGLANG_KERNEL_API_TRACEFILE=os.path.join(folder, f"decode_{level}_{blackbox}_%i.sgltrace")))
+                if proc.returncode != 0:
+                    failures[label] = f"FAILED: {proc.stderr.strip()[-300:]}"
+                    continue
+                found[label].append(json.loads(proc.stdout.splitlines()[-1]))
+    finally:
+        if shm is not None:
+            shutil.rmtree(shm, ignore_errors=True)
     return {"claim": "black box <= 2 %, level 1 <= 3 % of a host-bound 32-layer decode step's wall time "
                      "(added_wall_of_a_step), the host time a call adds beside it (added_host_us_a_call)",
             **decode_figures(found), **failures}
@@ -873,8 +941,10 @@ def culprits(directory: str) -> dict:
 
 
 def provenance(directory: str) -> dict:
-    """NaN rows of a batched CUDA output mapped to their requests, and what a clean batch costs."""
-    need_cuda()
+    """NaN rows of a batched CUDA output mapped to their requests, and what a
+    clean batch costs, each beside the bare kernel's own synchronisations
+    (its `y[rows] = nan` with a Python list index makes some)."""
+    need_cuda(stand_in=True)
     import sglang_otel_kernels as sok
 
     exporter = recorded(level=5)
@@ -889,22 +959,29 @@ def provenance(directory: str) -> dict:
     kernel = sok.debug_kernel_api(op_name="provenance")(nan_rows)
     # Eight requests from a client's traceparents.
     members = [(SpanContext(0xA0 + index, 0xB0 + index, True, TraceFlags(1)), f"r{index}") for index in range(8)]
-    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
-    flat = torch.randn(24, 4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(8, 4096, device=device(), dtype=torch.bfloat16)
+    flat = torch.randn(24, 4096, device=device(), dtype=torch.bfloat16)
+    nan_rows(x, [])
     with sok.forward_batch(members, name="decode"):
         kernel(x, [])
         torch.cuda.synchronize()
+        bare = {"clean": _sync_entry(lambda: nan_rows(x, [])), "with NaN": _sync_entry(lambda: nan_rows(x, [5]))}
         clean = _sync_entry(lambda: kernel(x, []))
         flagged = _sync_entry(lambda: kernel(x, [5]))
     with sok.forward_batch(members, name="extend", rows=[3] * 8):
         kernel(flat, [4, 23])  # rows 3-5: r1; 21-23: r7
     finished = exporter.get_finished_spans()
+    sok.configure(level=0)
     calls = [s for s in finished if s.name == "provenance" and "sglang.kernel.copy_of" not in s.attributes]
     named = [s.attributes.get("sglang.kernel.nonfinite_requests") for s in calls[-2:]]
     copies = sum("sglang.kernel.copy_of" in s.attributes for s in finished)
-    return {"claim": "a clean batched call: level 5's two synchronisations (one per side) and no more; with NaN: "
-                     "4 (the counts, then the rows); rows mapped to r5 (decode) and r1, r7 (extend rows); 3 copies",
-            "syncs clean": clean, "syncs with NaN": flagged, "named": [list(n or ()) for n in named], "copies": copies,
+    return {"claim": "a clean batched call: level 5's two synchronisations (one per side) over the bare kernel's; "
+                     "with NaN: 4 (the counts, then the rows) over the bare kernel's; rows mapped to r5 (decode) and "
+                     "r1, r7 (extend rows); 3 copies",
+            "runs": "level 5 (the Python core), an in-process exporter, no trace file, no black box",
+            "syncs clean": clean, "syncs with NaN": flagged,
+            "syncs clean, bare kernel": bare["clean"], "syncs with NaN, bare kernel": bare["with NaN"],
+            "named": [list(n or ()) for n in named], "copies": copies,
             "spans": dict(collections.Counter(s.name for s in finished)),
             "last call's statistics": {k: v for k, v in (calls[-1].attributes.items() if calls else ())
                                        if k.endswith((".stats", ".has_nan", ".nan_count"))}}
@@ -953,13 +1030,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="where to write the JSON summary")
     parser.add_argument("--fetch-wheels", metavar="FOLDER", help="download the wheels to carry, and stop")
     parser.add_argument("--only", nargs="*", choices=sorted(SECTIONS), help="run only these sections")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="without CUDA, run the decode, syncs and provenance sections on the CPU against "
+                             "stand-ins (their code and fields checked; their figures say nothing of a GPU)")
     options = parser.parse_args(argv)
     if options.fetch_wheels:
         return fetch_wheels(options.fetch_wheels)
+    global DRY_RUN
+    DRY_RUN = options.dry_run
+    if DRY_RUN and not CUDA:
+        exec(STAND_INS, {})
     started = time.monotonic()
     from sglang_otel_kernels.record import core
 
-    summary: dict = {"torch": torch.__version__, "python": sys.version.split()[0],
+    summary: dict = {"dry_run": DRY_RUN and not CUDA, "torch": torch.__version__, "python": sys.version.split()[0],
                      "device": torch.cuda.get_device_name() if CUDA else "cpu", "core": core.describe(),
                      "sections": {}}
     print(f"== {summary['device']}, torch {summary['torch']}, Python {summary['python']}, core {summary['core']}",

@@ -4,6 +4,8 @@ the device calls patched, each as a real process where a crash is involved."""
 import os
 import signal
 
+import pytest
+
 import sglang_otel_kernels as sok
 from conftest import run_python
 
@@ -241,3 +243,69 @@ def test_each_syncs_row_is_a_whole_configuration_of_its_own_counted_in_both_orde
     assert seen == ["a", "b", "c", "c", "b", "a"]
     assert table == {"a": {"forward": 1, "reversed": 6}, "b": {"forward": 2, "reversed": 5},
                      "c": {"forward": 3, "reversed": 4}}
+
+
+def test_gpu_check_dry_run_runs_decode_syncs_and_provenance_on_stand_ins_with_every_field(tmp_path):
+    """`--dry-run` without CUDA: the sections a GPU run relies on most run
+    end to end on the CPU, their children included, and print every field
+    the issue asks of them (their figures say nothing of a GPU)."""
+    import json
+    import subprocess
+    import sys
+
+    from sglang_otel_kernels.record import core
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "gpu_check.py")
+    proc = subprocess.run([sys.executable, script, "--dry-run", "--only", "decode", "syncs", "provenance", "coredump",
+                           "--out", str(tmp_path / "summary.json")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    sections = summary["sections"]
+    assert summary["dry_run"] is True
+    assert sections["coredump"] == {"status": "skipped", "reason": "no CUDA device, and no stand-in for this section"}
+    decode = sections["decode"]
+    assert decode["status"] == "ran", decode
+    gpu_check = _gpu_check()
+    assert set(gpu_check.DECODE_MODES) <= set(decode) and "black box, /dev/shm" in decode
+    for label in gpu_check.DECODE_MODES:
+        figure = decode[label]
+        assert set(figure) >= {"host_ms", "gpu_ms", "wall_ms", "faults", "bound_by", "recorded_by_the_compiled_core"}
+        assert figure["host_ms"]["range"][0] <= figure["host_ms"]["median"] <= figure["host_ms"]["range"][1]
+        if label != "level 0":
+            assert {"added_host_us_a_call", "added_wall_of_a_step"} <= set(figure)
+    assert decode["level 0"]["recorded_by_the_compiled_core"] == 0
+    if core.native is not None:  # the production modes' calls recorded in C (0 would mean Python ran them)
+        for label in ("level 1", "black box", "black box, /dev/shm"):
+            assert decode[label]["recorded_by_the_compiled_core"] >= 32 * 80, label
+    syncs = sections["syncs"]
+    assert syncs["status"] == "ran" and syncs["bare kernel"] == 0
+    for label in ("level 1, file only", "level 3, file only", "black box, level 1", "black box, level 3"):
+        for order in ("forward", "reversed"):
+            row = syncs[label][order]
+            assert row["call"] == 0 and row["next call"] == 0, (label, order, row)
+            assert row["of 2 recorded by the compiled core"] == (2 if core.native is not None else 0)
+    level5 = syncs["level 5, file only"]["forward"]["call"]
+    assert level5["count"] > 0 and all("describe/statistics.py" in where for where in level5["where"])
+    assert syncs["during capture"] == "not stood in: needs CUDA graphs"
+    provenance = sections["provenance"]
+    assert provenance["named"] == [["r5"], ["r1", "r7"]] and provenance["copies"] == 3
+    assert provenance["syncs clean, bare kernel"] == 0 and provenance["syncs clean"]["count"] > 0
+
+
+def test_host_reads_lists_each_read_of_a_tensor_value_and_can_refuse_them():
+    import torch
+
+    host_reads = _gpu_check()._sibling("host_reads")
+    t = torch.ones(3)
+    with host_reads.host_reads() as reads:
+        t.sum().item()
+        bool(t.any())
+        t * 2  # no value read
+        t.tolist()
+    assert [read.split(": ")[1] for read in reads] == ["Tensor.item", "Tensor.__bool__", "Tensor.tolist"]
+    assert all(read.startswith("tests/test_gpu_paths.py:") for read in reads)
+    with host_reads.host_reads(refuse=True) as reads:
+        with pytest.raises(host_reads.HostRead, match="Tensor.item"):
+            t.sum().item()
+    assert len(reads) == 1
+    assert t.sum().item() == 3.0 and "item" not in torch.Tensor.__dict__  # put back as it was
