@@ -26,7 +26,8 @@ are the newest, and run first):
              SGLANG_KERNEL_API_GRAPH_NAN_CHECK=1: that replay's span names "3: ..."; 1000 replays
              timed with the check on and off
   syncs      synchronisations per call, each row a fresh configuration saying what it runs (file only:
-             the production path; an in-process exporter; the black box) at levels 1, 3, 5, 10, in both
+             the production path; an in-process exporter; the black box; the NaN flags, with their
+             copy at a step's end) at levels 1, 3, 5, 10, in both
              orders, two calls a row, how many the compiled core recorded; during graph capture beside
              the bare kernel captured
   stats      level-5 statistics on 1 GiB float32 and bfloat16 against one aminmax; a dtype sweep
@@ -36,8 +37,8 @@ are the newest, and run first):
   in_flight  a long kernel at level 5, the child killed by SIGKILL: the call in flight on disk
   level10    a failing CUDA call dumped in one child, re-run in another; after the dump limit a
              call with a 1 GiB input makes no copy
-  decode     a decode-like step of 32 bf16 layers at levels 0, 1, 3, 5 and the black box (once with
-             the trace file on /dev/shm), 3 rounds
+  decode     a decode-like step of 32 bf16 layers at levels 0, 1, 3, 5, the black box (once with
+             the trace file on /dev/shm) and the NaN flags (level 1, the black box), 3 rounds
              of fresh children pinned to one CPU, level 0 in each: the host's launch time of a step,
              its GPU time (behind torch.cuda._sleep), the wall time of steps in a row, page faults,
              calls the compiled core recorded; overhead as host us a call and as wall time of a step
@@ -183,8 +184,10 @@ def sync_rows(directory: str) -> dict:
             "black box, level 1": {"level": 1, "blackbox": True}, "black box, level 3": {"level": 3, "blackbox": True},
             "level 1, in-process exporter": {"level": 1, "tracer_provider": with_exporter},
             "level 3, in-process exporter": {"level": 3, "tracer_provider": with_exporter},
-            "level 5, file only": {"level": 5}, "level 10, file only": {"level": 10}}
-    return {label: {"log_dest": "off", "spans": True, "blackbox": False, "export_sidecar": False,
+            "level 5, file only": {"level": 5}, "level 10, file only": {"level": 10},
+            "level 1, NaN flags, file only": {"level": 1, "nan_flags": True},
+            "black box, NaN flags": {"level": 1, "blackbox": True, "nan_flags": True}}
+    return {label: {"log_dest": "off", "spans": True, "blackbox": False, "nan_flags": False, "export_sidecar": False,
                     "tracer_provider": file_only, "dump_dir": os.path.join(directory, "sync-dumps"),
                     "trace_file": os.path.join(directory, f"sync-{number}.sgltrace"), **settings}
             for number, (label, settings) in enumerate(rows.items())}
@@ -203,10 +206,12 @@ def sync_table(labels: list, count) -> dict:
 def syncs(directory: str) -> dict:
     need_cuda(stand_in=True)
     import sglang_otel_kernels as sok
+    from sglang_otel_kernels.capture import nan_flags
     from sglang_otel_kernels.record import core
 
     x = torch.randn(4, 4096, device=device(), dtype=torch.bfloat16)
-    result: dict = {"claim": "0 at levels 1 and 3 and in the black box, file only and with an in-process exporter; "
+    result: dict = {"claim": "0 at levels 1 and 3 and in the black box, file only and with an in-process exporter, "
+                             "and with the NaN flags (their step's end too); "
                              "2 at level 5 (one per side); none during graph capture; each beside the bare kernel's "
                              "own count"}
 
@@ -229,6 +234,8 @@ def syncs(directory: str) -> dict:
         before = core.native.recorded() if core.native is not None else 0
         entry = {"call": _sync_entry(lambda: kernel(x)), "next call": _sync_entry(lambda: kernel(x))}
         entry["of 2 recorded by the compiled core"] = (core.native.recorded() if core.native is not None else 0) - before
+        if rows[label]["nan_flags"]:  # the flags copied into the flags file, as at a batch's end
+            entry["step's end"] = _sync_entry(nan_flags.step_ended)
         return entry
 
     result.update(sync_table(list(rows), count))
@@ -497,10 +504,12 @@ def layer(x, w):
 kernel = layer if os.environ["SGLANG_KERNEL_API_LOGLEVEL"] == "0" else \
     sok.debug_kernel_api(op_name="sglang.custom_op.layer")(layer)
 x = torch.randn(8, HIDDEN, device=__DEVICE__, dtype=torch.bfloat16)
+from sglang_otel_kernels.capture.nan_flags import step_ended
 def step():
     h = x
     for w in layers:
         h = kernel(h, w)
+    step_ended()  # as a batch's end: the NaN flags (when on) copied into their file
     return h
 """
 
@@ -538,10 +547,11 @@ found = {key: statistics.median(values) for key, values in rows.items()}
 found["recorded_by_the_compiled_core"] = core.native.recorded() if core.native is not None else 0
 print(json.dumps(found))
 """
-# label -> (level, black box, where the trace file goes: None for the run's directory)
-DECODE_MODES = {"level 0": ("0", "0", None), "level 1": ("1", "0", None), "level 3": ("3", "0", None),
-                "level 5": ("5", "0", None), "black box": ("1", "1", None), "black box, level 3": ("3", "1", None),
-                "black box, /dev/shm": ("1", "1", "/dev/shm")}
+# label -> (level, black box, where the trace file goes: None for the run's directory, the NaN flags)
+DECODE_MODES = {"level 0": ("0", "0", None, "0"), "level 1": ("1", "0", None, "0"), "level 3": ("3", "0", None, "0"),
+                "level 5": ("5", "0", None, "0"), "black box": ("1", "1", None, "0"),
+                "black box, level 3": ("3", "1", None, "0"), "black box, /dev/shm": ("1", "1", "/dev/shm", "0"),
+                "NaN flags, level 1": ("1", "0", None, "1"), "NaN flags, black box": ("1", "1", None, "1")}
 DECODE_ROUNDS = 3
 DECODE_CALLS = 32  # recorded calls a step
 
@@ -593,7 +603,7 @@ def decode(directory: str) -> dict:
     shm = tempfile.mkdtemp(prefix="sok-gpu-check-", dir="/dev/shm") if os.path.isdir("/dev/shm") else None
     try:
         for _ in range(DECODE_ROUNDS):
-            for label, (level, blackbox, where) in DECODE_MODES.items():
+            for label, (level, blackbox, where, flags) in DECODE_MODES.items():
                 if where == "/dev/shm" and shm is None:
                     failures[label] = "no /dev/shm here"
                     continue
@@ -602,7 +612,7 @@ def decode(directory: str) -> dict:
                     [sys.executable, "-c", code], cwd=directory, capture_output=True, text=True,
                     timeout=CHILD_TIMEOUT_S, preexec_fn=pin, env=_child_env(
                         SGLANG_KERNEL_API_LOGLEVEL=level, SGLANG_KERNEL_API_LOGDEST="off",
-                        SGLANG_KERNEL_API_BLACKBOX=blackbox,
+                        SGLANG_KERNEL_API_BLACKBOX=blackbox, SGLANG_KERNEL_API_NAN_FLAGS=flags,
                         SGLANG_KERNEL_API_TRACEFILE=os.path.join(folder, f"decode_{level}_{blackbox}_%i.sgltrace")))
                 if proc.returncode != 0:
                     failures[label] = f"FAILED: {proc.stderr.strip()[-300:]}"
@@ -612,7 +622,8 @@ def decode(directory: str) -> dict:
         if shm is not None:
             shutil.rmtree(shm, ignore_errors=True)
     return {"claim": "black box <= 2 %, level 1 <= 3 % of a host-bound 32-layer decode step's wall time "
-                     "(added_wall_of_a_step), the host time a call adds beside it (added_host_us_a_call)",
+                     "(added_wall_of_a_step), the host time a call adds beside it (added_host_us_a_call); "
+                     "the NaN flags at most 5 % (eager)",
             **decode_figures(found), **failures}
 
 

@@ -8,7 +8,8 @@ levels 0, 1, 3 and 5: the text log to a file alone; kernel spans into the
 trace file with no other span processor (what runs with sidecar export, or
 no export); the same with an application processor that takes every ended
 kernel span (a no-op one, so the cost is ours: building the finished span
-and handing it over); the text log and the trace file; the black box.
+and handing it over); the text log and the trace file; the black box; the
+trace file and the black box with the NaN flags (SGLANG_KERNEL_API_NAN_FLAGS).
 Each row's figure is the median over its repeats, and the table is measured
 `--rounds` times, row after row, each row reported as its median over the
 rounds: this machine slows down now and then for a few hundred
@@ -173,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
                                         tracer_provider=with_processor)),
         ("text file + trace file", dict(log_dest=log_path, spans=True, trace_file=trace_path, blackbox=False)),
         ("black box (file only)", dict(log_dest="off", spans=True, trace_file=trace_path, blackbox=True)),
+        # The NaN flags: the output reduced to a flag a row on its device (here the CPU, where the
+        # reduction is synchronous: an upper bound), copied into the flags file every COPY_EVERY calls.
+        ("trace file + NaN flags", dict(log_dest="off", spans=True, trace_file=trace_path, blackbox=False,
+                                        nan_flags=True)),
+        ("black box + NaN flags", dict(log_dest="off", spans=True, trace_file=trace_path, blackbox=True,
+                                       nan_flags=True)),
     ]
 
     def one_round() -> list[tuple[str, str, float]]:
@@ -182,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("level 0 (identity)", "0", run(sok.debug_kernel_api(kernel))))
         for label, settings in modes:
             for level in (1, 3, 5):
-                sok.configure(level=level, **{"tracer_provider": provider, **settings})
+                sok.configure(level=level, **{"tracer_provider": provider, "nan_flags": False, **settings})
                 rows.append((label, str(level), run(sok.debug_kernel_api(kernel))))
                 # Keep the log from growing across runs.
                 if os.path.exists(log_path):
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         # straight into the file (this package's own provider), and through the SDK (a processor besides).
         for label, batch_provider in (("batch span: file alone", alone), ("batch span: via the SDK", with_processor)):
             sok.configure(level=1, log_dest="off", spans=True, trace_file=trace_path, blackbox=True,
-                          tracer_provider=batch_provider)
+                          tracer_provider=batch_provider, nan_flags=False)
             rows.append((label, "1", run(batch_span)))
         stop_recording(directory)
         return rows

@@ -1,6 +1,7 @@
 """What recording costs on SGLang's real server (CPU): the wall time of one
-request's decode steps at level 0, in the black box (at levels 1 and 3), and
-at levels 1, 3 and 5, as ratios to level 0 measured side by side.
+request's decode steps at level 0, in the black box (at levels 1 and 3), at
+levels 1, 3 and 5, and at level 1 with the NaN flags, as ratios to level 0
+measured side by side.
 
     python bench/sglang_server_cost.py [--starts 2] [--rounds 10] [--tokens 256] [--only SETTING] [--profile]
                                        [--against DIR] [--sliced [SECONDS]]
@@ -73,6 +74,7 @@ SETTINGS = {  # name -> (level, environment)
     "level 3": (3, {}),
     "black box 3": (3, {"SGLANG_KERNEL_API_BLACKBOX": "1"}),  # arguments' metadata kept, no statistics
     "level 5": (5, {}),
+    "NaN flags": (1, {"SGLANG_KERNEL_API_NAN_FLAGS": "1"}),  # level 1 and each call's outputs flagged on their device
     "level 0 again": (0, {}),  # --sliced's control: a second level-0 server (what a start alone differs by)
 }
 CONTROL = "level 0 again"

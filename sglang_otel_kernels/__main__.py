@@ -469,8 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
         "batch, or idle), failed calls or batches, an exception no code caught, a hang (a collective, a\n"
         "call or a frozen process past --hang-seconds), a mismatch across ranks, or a device fault;\n"
         "2 bad usage, or an input that cannot be read (one line on stderr);\n"
-        "3 a call made NaN/Inf from finite inputs (level 5), nothing worse: a gate can tell numerics\n"
-        "from crashes.")
+        "3 a call made NaN/Inf from finite inputs (level 5, or the NaN flags), nothing worse: a gate can\n"
+        "tell numerics from crashes.")
     report.add_argument("paths", nargs="*", metavar="PATH",
                         help="trace files (one per rank merge by time), OTLP JSON files, CUDA core dumps, or "
                              "directories of them")

@@ -81,6 +81,15 @@ class KernelTraceConfig:
         replay the buffer is copied without blocking and read after the next
         replay (or at the next statistics transfer), and the first captured
         call of the replay that made NaN/Inf is named on the replay's span.
+    nan_flags: at any level from 1 (and in the black box), each recorded
+        call's outputs are reduced on their device to non-finite flags (per
+        row of its first output, and one per other output) in a device
+        buffer, with no host read in the call's path; the flags are copied
+        without blocking into a mapped file beside the trace file
+        (`<trace file>.nanflags`, which outlives a crash) at each batch's
+        end, and read there: the first call of a step that made NaN/Inf is
+        annotated in the trace file with its requests (capture/nan_flags.py).
+        Calls captured into a CUDA graph get the graph NaN check.
     hang_seconds: a kernel call in flight longer than this is exported by
         the sidecar while the process still runs, marked hung; a thread
         that recorded calls and then none for this long gets its Python
@@ -112,6 +121,7 @@ class KernelTraceConfig:
     collectives: bool = True
     graph_output_check: bool = False
     graph_nan_check: bool = False
+    nan_flags: bool = False
     hang_seconds: float = DEFAULT_HANG_SECONDS
     cuda_coredump: bool = False
 
@@ -253,6 +263,7 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         collectives=_from_env(environ, "SGLANG_KERNEL_API_COLLECTIVES", parse_flag, True),
         graph_output_check=_from_env(environ, "SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK", parse_flag, False),
         graph_nan_check=_from_env(environ, "SGLANG_KERNEL_API_GRAPH_NAN_CHECK", parse_flag, False),
+        nan_flags=_from_env(environ, "SGLANG_KERNEL_API_NAN_FLAGS", parse_flag, False),
         hang_seconds=_from_env(environ, "SGLANG_KERNEL_API_HANG_SECONDS", parse_seconds, DEFAULT_HANG_SECONDS),
         cuda_coredump=_from_env(environ, "SGLANG_KERNEL_API_CUDA_COREDUMP", parse_flag, False),
     )
@@ -301,6 +312,7 @@ def configure(
     collectives: bool | None = None,
     graph_output_check: bool | None = None,
     graph_nan_check: bool | None = None,
+    nan_flags: bool | None = None,
     hang_seconds: float | None = None,
     cuda_coredump: bool | None = None,
 ) -> KernelTraceConfig:
@@ -369,6 +381,8 @@ def configure(
         changes["graph_output_check"] = bool(graph_output_check)
     if graph_nan_check is not None:
         changes["graph_nan_check"] = bool(graph_nan_check)
+    if nan_flags is not None:
+        changes["nan_flags"] = bool(nan_flags)
     if hang_seconds is not None:
         if isinstance(hang_seconds, bool) or not isinstance(hang_seconds, (int, float)):
             raise ValueError(f"hang_seconds must be a number of seconds; got {hang_seconds!r}")

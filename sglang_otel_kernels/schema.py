@@ -37,7 +37,11 @@ BLACKBOX = PREFIX + "blackbox"  # set by the reader on a call the black box reco
 # A batched call that matters (failed, in flight at a death, hung, NaN/Inf out),
 # copied into a request trace of its batch: `<trace id>:<span id>` of the original.
 COPY_OF = PREFIX + "copy_of"
-NONFINITE_REQUESTS = PREFIX + "nonfinite_requests"  # level 5: the requests whose output rows hold NaN/Inf
+NONFINITE_REQUESTS = PREFIX + "nonfinite_requests"  # level 5 and the NaN flags: the requests whose output rows hold NaN/Inf
+# The NaN flags (SGLANG_KERNEL_API_NAN_FLAGS): on the first call of a step whose outputs' device-side flags
+# said NaN/Inf (NaN and Inf are not told apart), written after its end, or by the reader from the
+# `.nanflags` file a crash left: true.
+NONFINITE_FLAG = PREFIX + "nonfinite_flag"
 # A call that failed on its inputs, in a batch whose rows map to requests (describe/culprits.py): the
 # requests whose rows hold the bad input, and what was wrong with it; on a copy, whether its request is one.
 CULPRIT_REQUESTS = PREFIX + "culprit_requests"

@@ -225,7 +225,10 @@ def test_each_syncs_row_is_a_whole_configuration_of_its_own_counted_in_both_orde
     rows = gpu_check.sync_rows(str(tmp_path))
     assert len({row["trace_file"] for row in rows.values()}) == len(rows)
     assert all(set(row) >= {"blackbox", "tracer_provider", "trace_file", "spans", "log_dest"} for row in rows.values())
-    assert [label for label, row in rows.items() if row["blackbox"]] == ["black box, level 1", "black box, level 3"]
+    assert [label for label, row in rows.items() if row["blackbox"]] == ["black box, level 1", "black box, level 3",
+                                                                         "black box, NaN flags"]
+    assert [label for label, row in rows.items() if row["nan_flags"]] == ["level 1, NaN flags, file only",
+                                                                          "black box, NaN flags"]
     production = rows["level 1, file only"]["tracer_provider"]
     assert not production._active_span_processor._span_processors  # the trace file's is added when configured
     for label in ("level 1, file only", "black box, level 3"):
@@ -284,6 +287,11 @@ def test_gpu_check_dry_run_runs_decode_syncs_and_provenance_on_stand_ins_with_ev
             row = syncs[label][order]
             assert row["call"] == 0 and row["next call"] == 0, (label, order, row)
             assert row["of 2 recorded by the compiled core"] == (2 if core.native is not None else 0)
+    for label in ("level 1, NaN flags, file only", "black box, NaN flags"):  # no host read, the step's end neither
+        for order in ("forward", "reversed"):
+            row = syncs[label][order]
+            assert row["call"] == row["next call"] == row["step's end"] == 0, (label, order, row)
+    assert decode["NaN flags, level 1"]["recorded_by_the_compiled_core"] == 0  # the Python path, which flags
     level5 = syncs["level 5, file only"]["forward"]["call"]
     assert level5["count"] > 0 and all("describe/statistics.py" in where for where in level5["where"])
     assert syncs["during capture"] == "not stood in: needs CUDA graphs"

@@ -450,6 +450,27 @@ def test_poisoned_layer_then_sigkill_mid_request(sglang_python, models, backends
         assert page.startswith("sglang_process_crashed{") and 'sglang_process_reason="killed"' in page, page
 
 
+def test_poisoned_layer_named_by_the_nan_flags_at_level_1(sglang_python, models, tmp_path):
+    """The same poisoned layer served at level 1 with the NaN flags
+    (SGLANG_KERNEL_API_NAN_FLAGS=1) instead of level 5: no statistics, no
+    synchronisation, and still the layer's call, its module path and the
+    request whose rows it made non-finite, from the trace file."""
+    server = Server(sglang_python, tmp_path, models["poisoned"], 1, SGLANG_KERNEL_API_NAN_FLAGS="1")
+    try:
+        status, answer = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 2}, "rid": "nan-1"})
+        assert status == 200, answer
+        [path] = server.trace_files()
+        text = report(path)
+    finally:
+        server.close()
+    assert text.returncode == 3, text.stdout + text.stderr
+    assert text.stdout.startswith(f"the NaN flags saw the first NaN/Inf come out of {LINEAR}, module {POISONED}, "
+                                  "in the rows of request nan-1 (rank 0, "), text.stdout
+    nonfinite = json.loads(report("--json", path).stdout)["first_nonfinite_output"]
+    assert nonfinite["nonfinite_seen_by"] == "flags" and nonfinite["module"] == POISONED
+    assert nonfinite["requests"]["request_ids"] == ["nan-1"] and nonfinite["outputs"] == {}
+
+
 def test_sigkill_mid_request_with_sglangs_own_tracing_reaches_jaeger_and_pages(sglang_python, models, backends,
                                                                                tmp_path):
     """SGLang's --enable-trace and nothing of this package's but the level:

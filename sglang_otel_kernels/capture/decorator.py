@@ -37,6 +37,7 @@ from ..record.setup import follow_trace_file, watch_global_provider
 from ..record.spans import KernelSpans, awaited, call_context, parent_context, parent_entry, parent_of, unwind
 from ..record.textlog import TextLog, call_header, exception_line, section_lines
 from ..describe.guards import compiler_flags, is_compiling, is_graph_capturing
+from . import nan_flags
 from .naming import infer_api_name, takes_self_first
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -82,9 +83,13 @@ class _Runtime:
         # their arguments' metadata alone (no statistics, no dump): the
         # compiled core describes them.
         self.described_upto = -1 if self.bare_upto < 0 else 9 if cfg.blackbox else 4
+        # Each call's outputs flagged on their device after it returns (capture/nan_flags.py): by this path.
+        self.nan_flags = cfg.nan_flags
         if core.native is not None:  # the calls the compiled core records: those of the bare path, and these
-            core.native.set_runtime(self.spans, self.bare_upto, self.spans.flags if self.spans is not None else 0,
-                                    self.described_upto)
+            native = not self.nan_flags
+            core.native.set_runtime(self.spans, self.bare_upto if native else -1,
+                                    self.spans.flags if self.spans is not None else 0,
+                                    self.described_upto if native else -1)
 
 
 _runtime = _Runtime(_config.get_config())
@@ -478,7 +483,8 @@ def _wrap_coroutine(func: F, site: KernelSite, attributes: "dict | None") -> F:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             return await func(*args, **kwargs)
-        call = site.begin(args, kwargs, _next_seq(), attributes)
+        seq = _next_seq()
+        call = site.begin(args, kwargs, seq, attributes)
         token = awaited(call[0]) if call is not None and call[0] is not None else None
         try:
             result = await func(*args, **kwargs)
@@ -489,6 +495,8 @@ def _wrap_coroutine(func: F, site: KernelSite, attributes: "dict | None") -> F:
             raise
         if token is not None:
             otel_context.detach(token)
+        if _runtime.nan_flags:
+            nan_flags.flag(call and call[0], seq, result)
         site.finish(call, result)
         return result
 
@@ -541,6 +549,8 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
                     raise
                 if _capturing:
                     _graphs.captured_output(extra, result)
+                elif runtime.nan_flags:
+                    nan_flags.flag(span, seq, result)
                 if after is not None:
                     hooked = after(args, span, result)
                     if hooked is not None:  # attributes or a device error for the end
@@ -559,6 +569,8 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
                 raise
             if _capturing:
                 _graphs.captured_output(extra, result)
+            elif runtime.nan_flags:
+                nan_flags.flag(call and call[0], seq, result)
             site.finish(call, result, after(args, call and call[0], result) if after else None)
             return result
         except BaseException as exc:

@@ -437,7 +437,9 @@ def record_graph_class(graph_class: type) -> "Instrumentation | None":
 def follow_config(cfg: "_config.KernelTraceConfig") -> None:
     """torch's CUDAGraph recorded while the level is above 0 (again at a new
     level); nothing wrapped at level 0."""
-    _checks.update(outputs=cfg.level >= 5 and cfg.graph_output_check, nan=cfg.level >= 5 and cfg.graph_nan_check)
+    # The NaN flags (capture/nan_flags.py) flag captured calls by the graph NaN check, at any level.
+    _checks.update(outputs=cfg.level >= 5 and cfg.graph_output_check,
+                   nan=(cfg.level >= 5 and cfg.graph_nan_check) or (cfg.level > 0 and cfg.nan_flags))
     _replays[1] = _checks["outputs"] or _checks["nan"]
     for handle in list(_installed.values()):
         handle.undo()

@@ -25,12 +25,14 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import DEFAULT_TRACE_STATE, Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from .. import config as _config
 from ..notices import warn_failed_once, warn_once
 from ..record import batches, core, identity
 from ..record.file_spans import FileSpan, file_only, start_of, write_end
 from ..record.spans import describe_exception, record_failure
 from ..record.tracefile import CALLS, per_thread
 from ..schema import BATCH_KERNEL_CALLS, BATCH_REQUEST_IDS, BATCH_SIZE, BATCH_UNTRACED, REQUEST_ID
+from . import nan_flags
 from .decorator import kernel_tracer, prime_parent
 
 
@@ -337,6 +339,7 @@ class OpenBatch:
             batch.set_attribute(BATCH_KERNEL_CALLS, calls)
             if exc is not None or not self._end_later:
                 batch.end()
+            nan_flags.step_ended()
 
 
 def open_batch(members: list, name: str, attributes: "Mapping[str, Any] | None", batch_key: Any,
@@ -358,7 +361,7 @@ def open_batch(members: list, name: str, attributes: "Mapping[str, Any] | None",
     if file_only(tracer, len(links)):  # the trace file alone: its records written straight (record/file_spans.py)
         around = parent or batches.current_span_context(current)
         trace_id = _keyed_trace_id(batch_key) if batch_key is not None and not around[5] else None
-        if _open_natively is not None and not traced:
+        if _open_natively is not None and not traced and not _config.get_config().nan_flags:  # its end: ours
             start = start_of(name, batch_attributes, links)
             try:
                 opened = start and _open_natively(FileSpan, start, around if around[5] else None, trace_id, current,

@@ -22,8 +22,8 @@ from typing import Iterable, Sequence, TypeVar
 from opentelemetry import context as context_api
 from opentelemetry import trace
 
-from ..schema import (COPY_OF, CULPRIT_REQUESTS, HAS_INF, HAS_NAN, HUNG, IN_FLIGHT, NONFINITE, NONFINITE_REQUESTS,
-                      REQUEST_CULPRIT)
+from ..schema import (COPY_OF, CULPRIT_REQUESTS, HAS_INF, HAS_NAN, HUNG, IN_FLIGHT, NONFINITE, NONFINITE_FLAG,
+                      NONFINITE_REQUESTS, REQUEST_CULPRIT)
 
 # Request ids `sglang.kernel.nonfinite_requests` names at most (the first ones, in batch order).
 MAX_NONFINITE_REQUESTS = 256
@@ -87,8 +87,9 @@ def current() -> "Batch | None":
 
 
 def output_flagged(attributes) -> bool:
-    """Whether a kernel span flagged NaN/Inf on an output."""
-    if not (attributes.get(HAS_NAN) is True or attributes.get(HAS_INF) is True):
+    """Whether a kernel span flagged NaN/Inf on an output (level 5's statistics, or the NaN flags)."""
+    if not (attributes.get(HAS_NAN) is True or attributes.get(HAS_INF) is True
+            or attributes.get(NONFINITE_FLAG) is True):
         return False
     return any(path == "output" or str(path).startswith("output.") for path in attributes.get(NONFINITE) or ())
 

@@ -31,8 +31,10 @@ from typing import Any, Iterable
 from .. import files
 from .._version import __version__
 from . import tracefile as fmt
-from ..schema import (BLACKBOX, COLLECTIVE_FIELDS, DEATH_SPAN, FATAL_SIGNAL, GRAPH_CALLS, GRAPH_CAPTURED, GRAPH_ID,
-                      GRAPH_REPLAY, IN_FLIGHT, LEVEL, NAME, SEQ, TRACER_NAME)
+from .flag_file import read_flag_file
+from ..schema import (BATCH_REQUEST_IDS, BLACKBOX, COLLECTIVE_FIELDS, DEATH_SPAN, FATAL_SIGNAL, GRAPH_CALLS,
+                      GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY, IN_FLIGHT, LEVEL, NAME, NONFINITE, NONFINITE_FLAG,
+                      NONFINITE_REQUESTS, SEQ, TRACER_NAME)
 from ..text import utf8
 
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
@@ -124,10 +126,46 @@ def read_trace_file(path: str | os.PathLike) -> TraceFileContents:
     path = os.fspath(path)
     with map_trace_file(path) as data, _collector_paused():
         contents = _parse(path, data)
+    merge_nan_flags(contents)
     contents.live = writer_alive(path)
     if not contents.live and not contents.exited:
         note_death(contents)
     return contents
+
+
+def merge_nan_flags(contents: TraceFileContents) -> None:
+    """The NaN flags a process left beside its trace file (record/flag_file.py)
+    on the calls they name: the first flagged call under each parent (a
+    step's batch) is marked `nonfinite_flag`, as the live reading marks it,
+    with the requests of its flagged rows where they are its batch's
+    requests one a row. What a crash kept of the flags, read from the file
+    alone; a file of another process is a problem, never read."""
+    found = read_flag_file(fmt.nan_flags_path(contents.path))
+    if found is None:
+        return
+    contents.problems.extend(found.problems)
+    pid = contents.metadata.get("pid")
+    if found.flagged and isinstance(pid, int) and found.pid != pid:
+        contents.problems.append(f"{found.path}: written by pid {found.pid}, not by this file's {pid}; not read")
+        return
+    if found.unconfirmed and not contents.exited:
+        contents.problems.append(f"the NaN flags of {found.unconfirmed} call(s) after call {found.confirmed} had not "
+                                 "landed when the process ended (the calls since its last step's end)")
+    if not found.flagged:
+        return
+    calls = {span.attributes.get(SEQ): span for span in contents.spans if NAME in span.attributes}
+    marked = {span.parent_span_id for span in calls.values() if span.attributes.get(NONFINITE_FLAG) is True}
+    by_id = {span.span_id: span for span in contents.spans}
+    for flagged in found.flagged:
+        span = calls.get(flagged.seq)
+        if span is None or span.parent_span_id in marked:
+            continue
+        marked.add(span.parent_span_id)
+        span.attributes.update({NONFINITE_FLAG: True, NONFINITE: ("output",)})
+        batch = by_id.get(span.parent_span_id)
+        ids = batch.attributes.get(BATCH_REQUEST_IDS) if batch is not None else None
+        if isinstance(ids, (tuple, list)) and flagged.bad_rows and flagged.rows == len(ids):
+            span.attributes[NONFINITE_REQUESTS] = tuple(str(ids[row]) for row in flagged.bad_rows)
 
 
 def note_death(contents: TraceFileContents) -> None:

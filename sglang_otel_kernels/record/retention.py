@@ -16,7 +16,7 @@ import glob
 import os
 
 from ..config import DEFAULT_TRACE_FILE_KEEP
-from .tracefile import delivered_path, traceback_path
+from .tracefile import BESIDE, traceback_path
 from .reader import TraceFileError, read_trace_file
 
 
@@ -58,7 +58,7 @@ def prune(template: str, own: str, keep: int = DEFAULT_TRACE_FILE_KEEP) -> list[
     for path in earlier_files(template, own)[keep:]:
         if not uneventful(path):
             continue
-        for each in (path, traceback_path(path), delivered_path(path)):
+        for each in (path, *(beside(path) for beside in BESIDE)):
             try:
                 os.unlink(each)
             except OSError:

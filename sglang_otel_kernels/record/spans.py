@@ -91,6 +91,16 @@ def record_failure(span, exc: BaseException) -> None:
 TRACE_ID, SPAN_ID, FLAGS, START, OUTER, WRITER, NAME_, PARENT_ID, ATTRIBUTES, THREAD_STATE, CALL_SEQ = range(11)
 
 
+def add_attributes(call: tuple, added: dict) -> None:
+    """Attributes of a recorded call, written into the trace file for its
+    span at once, running or ended (what is learnt of it later: its NaN flags)."""
+    writer = call[WRITER]
+    if writer is not None:
+        writer.append((tracefile.ATTRIBUTES, call[SPAN_ID], added))
+    if call[ATTRIBUTES] is not None:
+        call[ATTRIBUTES].update(added)
+
+
 def call_context(call: tuple) -> SpanContext:
     """The SpanContext of a call in progress."""
     return SpanContext(call[TRACE_ID], call[SPAN_ID], False,
@@ -291,11 +301,7 @@ class KernelSpans:
         """Attributes of a call that runs, written at once: the statistics of
         its inputs, which need a synchronisation, come after its start record
         so that a hang in earlier GPU work still leaves the call in flight."""
-        writer = call[WRITER]
-        if writer is not None:
-            writer.append((tracefile.ATTRIBUTES, call[SPAN_ID], added))
-        if call[ATTRIBUTES] is not None:
-            call[ATTRIBUTES].update(added)
+        add_attributes(call, added)
 
     def end(self, call: tuple, added: dict | None = None, events: tuple = (),
             status: int = _STATUS_UNSET, description: str = "", _now=time_ns,

@@ -271,6 +271,15 @@ def delivered_path(trace_path: str) -> str:
     return trace_path + ".delivered"
 
 
+def nan_flags_path(trace_path: str) -> str:
+    """Where the NaN flags of its calls land (record/flag_file.py)."""
+    return trace_path + ".nanflags"
+
+
+# The files that belong to a trace file: they go where it goes (kept aside, pruned).
+BESIDE = (traceback_path, delivered_path, nan_flags_path)
+
+
 class _Refused(Exception):
     """The path cannot hold our trace file (the message says why); nothing
     there was touched."""
@@ -805,7 +814,7 @@ def _rotate(path: str, mtime: float) -> None:
         raise _Refused(f"{path}: an earlier run's file is there and no free name was found to keep it")
     if os.path.exists(path):  # a hard link: drop the old name (a rename already did)
         os.unlink(path)
-    for beside in (traceback_path, delivered_path):  # what belongs to it goes with it
+    for beside in BESIDE:  # what belongs to it goes with it
         old = beside(path)
         if os.path.isfile(old) and not os.path.islink(old):
             if _link_new(old, beside(aside)):

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..record.reader import RecoveredSpan, TraceFileContents
 from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE,
-                      GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, MODULE, NAME, NONFINITE_REQUESTS, OP_CLASS,
+                      GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, MODULE, NAME, NONFINITE_FLAG, NONFINITE_REQUESTS, OP_CLASS,
                       PREFIX, REPLAY_NAME, REQUEST_ID, SEQ)
 from .batch_failures import culprit_of
 from .ranks import rank_of, timestamp
@@ -114,6 +114,7 @@ def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents:
         "op_class": _text_or_none(span.attributes.get(OP_CLASS)),
         "inputs": _grouped(span, INPUT_PREFIX, INPUT_PREFIX),  # arg0, eps
         "outputs": _grouped(span, OUTPUT_PREFIX, PREFIX),  # output, output.0
+        "nonfinite_seen_by": _nonfinite_seen_by(span),
         "dump_dir": span.attributes.get(DUMP_DIR),
         "exception": None if exception is None else {
             "type": exception.get("exception.type"), "message": exception.get("exception.message")},
@@ -123,6 +124,15 @@ def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents:
         "trace_id": f"{span.trace_id:032x}",
         "span_id": f"{span.span_id:016x}",
     }
+
+
+def _nonfinite_seen_by(span: RecoveredSpan) -> "str | None":
+    """What says the call made NaN/Inf: "statistics" (level 5: its output
+    holds NaN/Inf and its inputs did not), "flags" (its NaN flags were the
+    first set in its step), or None."""
+    if any(event[0] == "nonfinite_output" for event in span.events):
+        return "statistics"
+    return "flags" if span.attributes.get(NONFINITE_FLAG) is True else None
 
 
 def _graph_of(span: RecoveredSpan, contents: TraceFileContents) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
 from ..schema import (COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, COPY_OF, EXCEPTION_SPAN, GRAPH_REPLAY, NAME,
-                      STOP_SPAN)
+                      NONFINITE_FLAG, STOP_SPAN)
 from .batch_failures import is_batch
 from .otlp_json import exported_ending, without_answered_snapshots
 from ..record.reader import RecoveredSpan, TraceFileContents, TraceFileError
@@ -41,8 +41,9 @@ class Digest:
 
 
 def produced_nonfinite(span: RecoveredSpan) -> bool:
-    """The call's output holds NaN/Inf and none of its inputs did."""
-    return any(event[0] == "nonfinite_output" for event in span.events)
+    """The call's output holds NaN/Inf and none of its inputs did (level 5),
+    or its flags said NaN/Inf first in its step (the NaN flags)."""
+    return span.attributes.get(NONFINITE_FLAG) is True or any(event[0] == "nonfinite_output" for event in span.events)
 
 
 def digest(contents: TraceFileContents, last: int = 10) -> Digest:
@@ -87,7 +88,7 @@ def digest(contents: TraceFileContents, last: int = 10) -> Digest:
         if span.status_code == "ERROR":
             row[1] += 1
             shown.append(span)
-        if first_bad is None and span.events and produced_nonfinite(span):
+        if first_bad is None and produced_nonfinite(span):
             first_bad = span
             shown.append(span)
     shown.extend(newest)

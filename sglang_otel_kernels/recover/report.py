@@ -44,7 +44,7 @@ GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON an
 
 # The version of `report --json`'s document (docs/report-json.md): raised
 # with each change a reader of the JSON must know of, with the package's.
-REPORT_SCHEMA = 7
+REPORT_SCHEMA = 8
 
 
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
@@ -81,7 +81,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
                 tail.append(span)
                 if span.status_code == "ERROR":
                     failed_spans.append((span, content))
-                if span.events and produced_nonfinite(span):
+                if produced_nonfinite(span):
                     nonfinite.append((span, content))
         ended.extend((span, content) for span in tail[-last:] if last > 0)
     by_start = lambda item: item[0].start_time  # noqa: E731
@@ -226,6 +226,8 @@ def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
         lines.append(f"{indent}  {path} = {_render_value(value)}")
     for path, value in call["outputs"].items():  # the proof of a NaN/Inf it produced
         lines.append(f"{indent}  -> {path} = {_render_value(value)}")
+    if call.get("nonfinite_seen_by") == "flags":
+        lines.append(f"{indent}  -> its outputs' NaN flags: NaN/Inf (the first flagged call of its step)")
     if call["dump_dir"]:
         lines.append(f"{indent}  inputs dumped to {call['dump_dir']}  (sglang-otel-kernels rerun DIR)")
     graph = call.get("graph")
@@ -377,7 +379,9 @@ def render_text(report: dict[str, Any]) -> str:
         for call in report["failed"]:
             out.extend(call_lines(call))
     if report["first_nonfinite_output"]:
-        out += ["", "First call that produced NaN/Inf from finite inputs:"]
+        first = report["first_nonfinite_output"]
+        out += ["", "First call whose NaN flags saw NaN/Inf:" if first.get("nonfinite_seen_by") == "flags" else
+                "First call that produced NaN/Inf from finite inputs:"]
         out.extend(call_lines(report["first_nonfinite_output"]))
     if report["last_calls"]:
         out += ["", f"Last {len(report['last_calls'])} completed calls:"]

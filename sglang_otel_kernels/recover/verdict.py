@@ -179,7 +179,9 @@ def layer_text(call: dict[str, Any]) -> str:
 def nonfinite_sentence(call: dict[str, Any]) -> str:
     """`the first NaN/Inf from finite inputs came out of <call>, module m, in
     the rows of request nan-1 (rank 0, ...)`."""
-    parts = [f"the first NaN/Inf from finite inputs came out of {call['name']}", layer_text(call)]
+    first = "the NaN flags saw the first NaN/Inf come out of" if call.get("nonfinite_seen_by") == "flags" else \
+        "the first NaN/Inf from finite inputs came out of"
+    parts = [f"{first} {call['name']}", layer_text(call)]
     requests = call.get("requests") or {}
     if ids := requests.get("request_ids"):
         parts.append(f"in the rows of {requests_text(ids)}" if requests.get("nonfinite_rows") else

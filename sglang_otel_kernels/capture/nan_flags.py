@@ -1,0 +1,257 @@
+"""Non-finite flags on every recorded call, with no host read in its path
+(SGLANG_KERNEL_API_NAN_FLAGS, issue 63).
+
+After a recorded call returns, its floating outputs are reduced where they
+lie into a slot of a ring of flags on their device: one flag a row of its
+first output (up to ROW_CAP rows; a longer one is one flag), one each of
+up to OTHER_CAP other outputs (describe/statistics.py `finite_rows`: two
+or three kernels a tensor), no synchronisation, nothing read back. At the end
+of a step (a batch's end; every COPY_EVERY calls without one; at exit) the
+slots written since the last are copied without blocking into the pages
+of `<trace file>.nanflags` (record/flag_file.py), mapped shared (on CUDA
+registered with the driver, so the copy is a DMA into the file's pages),
+then the call number of the newest of them (a device scalar copied behind
+them: the file's confirmation), and the device slots are reset to
+"finite". The host reads a copy only once it has landed (an event polled,
+never waited on), outside any recorded call, and writes the first call of
+the step that made NaN/Inf into the trace file (schema.NONFINITE_FLAG)
+with the requests owning its flagged rows where its batch maps rows to
+requests. A crash loses at most the calls since the last step's end;
+`report` reads the rest from the file (record/reader.py).
+
+One device a process (the first flagged output's); outputs on another, and
+calls made while a CUDA graph is captured (the graph NaN check's), are not
+flagged here. torch.compile tracing never reaches this (the decorator
+calls straight through).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import ctypes
+import os
+from typing import Any
+
+import torch
+
+from ..describe.statistics import finite_rows
+from ..notices import warn_failed_once, warn_once
+from ..record import batches, processor
+from ..record.flag_file import NONFINITE_BYTE, FlagFile
+from ..record.tracefile import nan_flags_path
+from ..record.spans import add_attributes
+from ..schema import NONFINITE, NONFINITE_FLAG, NONFINITE_REQUESTS
+
+SLOTS = 4096
+ROW_CAP = 256  # rows of a first output flagged one by one
+OTHER_CAP = 4  # other floating outputs flagged, one flag each
+WIDTH = ROW_CAP + OTHER_CAP
+COPY_EVERY = SLOTS // 4  # calls with no step's end between them: copied anyway, long before the ring laps
+_MAX_FOUND = 8  # tensors of a result looked at
+
+
+def _floats(value: Any, found: list, depth: int = 0) -> None:
+    """The floating tensors of a result (a tensor, or tuples, lists and dicts
+    of them), by metadata alone."""
+    if len(found) >= _MAX_FOUND or depth > 2:
+        return
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and value.numel():
+            found.append(value)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _floats(item, found, depth + 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _floats(item, found, depth + 1)
+
+
+class FlagRing:
+    """This process's flags: the device ring, the mapped file the ring's
+    slots are copied into, and what each slot's call was."""
+
+    def __init__(self, trace_path: "str | None") -> None:
+        self.trace_path = trace_path
+        self.file = self._file(trace_path)
+        self.device: "torch.device | None" = None
+        self.made = 0  # calls flagged so far: the next one's slot is made % SLOTS
+        self.copied = 0  # calls whose slots were copied
+        self.calls: list = [None] * SLOTS  # slot -> (its call, its batch, its first output's rows, rows, seq)
+        self.pending: collections.deque = collections.deque()  # (event or None, first call, end) copied, not read
+        self.lost = 0  # calls whose flags were dropped unread (the ring lapped them)
+
+    @staticmethod
+    def _file(trace_path: "str | None") -> FlagFile:
+        if trace_path is not None:
+            path = nan_flags_path(trace_path)
+            try:
+                return FlagFile(path, SLOTS, WIDTH)
+            except FileExistsError:
+                warn_once(f"nan flags file {path}", f"{path} exists (an earlier run's, kept): the NaN flags are "
+                          "kept in memory alone, and a crash loses them")
+            except OSError as exc:
+                warn_failed_once(f"creating {path}", exc, "; the NaN flags are kept in memory alone")
+        return FlagFile(None, SLOTS, WIDTH)
+
+    def _bind(self, device: torch.device) -> None:
+        """The ring on `device`, and the host side its copies land in."""
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.host = torch.frombuffer(self.file.flags, dtype=torch.bool).view(SLOTS, WIDTH)
+        self.landed = self.file.flags  # where the host reads the copies
+        self.confirmed = torch.frombuffer(self.file.header, dtype=torch.int64)[3:4]  # bytes 24..32
+        self.buffer = torch.ones(SLOTS, WIDTH, dtype=torch.bool, device=device)
+        if self.cuda:
+            self.seq = torch.zeros(1, dtype=torch.int64, device=device)
+            self._register()
+
+    def _register(self) -> None:
+        """The mapped pages registered with the CUDA driver: the copies are
+        DMAs into the file, never a synchronous copy through pageable memory.
+        Where the driver refuses, pinned buffers of our own (lost at a crash)."""
+        mapping = self.file.mapping
+        address = torch.frombuffer(mapping, dtype=torch.uint8).data_ptr()
+        try:
+            status = torch.cuda.cudart().cudaHostRegister(address, len(mapping), 0)
+            if int(status) != 0:
+                raise RuntimeError(f"cudaHostRegister returned {status}")
+        except Exception as exc:
+            warn_failed_once("registering the NaN flags file with the CUDA driver", exc,
+                             "; its flags are copied into pinned memory, which a crash loses")
+            self.host = torch.ones(SLOTS, WIDTH, dtype=torch.bool, pin_memory=True)
+            self.landed = memoryview((ctypes.c_ubyte * (SLOTS * WIDTH)).from_address(self.host.data_ptr())).cast("B")
+            self.confirmed = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+
+    def flag(self, call: "tuple | None", seq: int, result: Any) -> None:
+        """After a recorded call returned `result`: its flags queued on its device."""
+        found: list = []
+        _floats(result, found)
+        if not found:
+            return
+        first = found[0]
+        if self.device is None:
+            self._bind(first.device)
+        elif first.device != self.device:
+            return
+        n = self.made
+        slot = n % SLOTS
+        leading = first.shape[0] if first.dim() else 0
+        rows = leading if 0 < leading <= ROW_CAP else 1
+        others = [tensor for tensor in found[1:1 + OTHER_CAP] if tensor.device == self.device]
+        out = self.buffer[slot]
+        finite_rows(first, rows, out[:rows])
+        for index, tensor in enumerate(others):
+            finite_rows(tensor, 1, out[rows + index: rows + index + 1])
+        self.file.set_index(slot, seq, rows, len(others))
+        self.calls[slot] = (call, batches.current(), leading, rows, seq)
+        self.made = n + 1
+        if self.made - self.copied >= COPY_EVERY:
+            self.copy()
+
+    def copy(self) -> None:
+        """The slots written since the last copy, copied into the file without
+        blocking, then reset; the newest call number behind them."""
+        start, end = self.copied, self.made
+        if start == end:
+            return
+        for low, high in _ranges(start, end):
+            self.host[low:high].copy_(self.buffer[low:high], non_blocking=self.cuda)
+            self.buffer[low:high].fill_(True)
+        newest = self.calls[(end - 1) % SLOTS][4]
+        if self.cuda:
+            self.seq.fill_(newest)
+            self.confirmed.copy_(self.seq, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            self.file.confirm(newest)
+            event = None
+        self.pending.append((event, start, end))
+        self.copied = end
+
+    def read(self, wait: bool = False) -> None:
+        """The copies that have landed (all of them with `wait`, at exit):
+        the first flagged call of each, written into the trace file."""
+        while self.pending:
+            event, start, end = self.pending[0]
+            if event is not None and not event.query():
+                if not wait:
+                    return
+                event.synchronize()
+            self.pending.popleft()
+            if self.made - start > SLOTS:  # its slots hold later calls now
+                self.lost += end - start
+                continue
+            self._first_flagged(start, end)
+
+    def _first_flagged(self, start: int, end: int) -> None:
+        for low, high in _ranges(start, end):
+            cells = bytes(self.landed[low * WIDTH: high * WIDTH])  # host memory: no tensor is read
+            at = cells.find(NONFINITE_BYTE)
+            if at >= 0:
+                slot = low + at // WIDTH
+                self._annotate(slot, cells[(slot - low) * WIDTH:(slot - low + 1) * WIDTH])
+                return
+
+    def _annotate(self, slot: int, cells: bytes) -> None:
+        call, batch, leading, rows, _ = self.calls[slot]
+        if call is None:
+            return
+        bad = [row for row in range(rows) if cells[row] == NONFINITE_BYTE]
+        attributes: dict = {NONFINITE_FLAG: True, NONFINITE: ("output",)}
+        if batch is not None and bad and rows == leading:
+            owners = batch.owners(leading, bad)
+            if owners is not None:
+                attributes[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
+        add_attributes(call, attributes)
+
+
+def _ranges(start: int, end: int) -> list:
+    """The slots of calls start..end-1, as contiguous ranges in call order."""
+    low, high = start % SLOTS, (end - 1) % SLOTS + 1
+    if end - start >= SLOTS:
+        return [(low, SLOTS), (0, low)] if low else [(0, SLOTS)]
+    return [(low, high)] if low < high else [(low, SLOTS), (0, high)]
+
+
+_ring: "FlagRing | None" = None
+
+
+def flag(call: "tuple | None", seq: int, result: Any) -> None:
+    """A recorded call's outputs flagged (the decorator's, after it returned,
+    with SGLANG_KERNEL_API_NAN_FLAGS on): into the ring of the trace file
+    this process writes now."""
+    global _ring
+    try:
+        ring = _ring
+        path = processor.trace_file_path()
+        if ring is None or ring.trace_path != path:
+            step_ended(wait=True)  # what the ring of an earlier file holds, read before it goes
+            ring = _ring = FlagRing(path)
+        ring.flag(call, seq, result)
+    except Exception as exc:
+        warn_failed_once("queueing a kernel call's NaN flags", exc, "; the call goes on unflagged")
+
+
+def step_ended(wait: bool = False) -> None:
+    """The end of a step (a batch): the step's flags copied, those landed
+    read; with `wait` (at exit, before a new file), every copy read."""
+    ring = _ring
+    if ring is None:
+        return
+    try:
+        ring.copy()
+        ring.read(wait)
+    except Exception as exc:
+        warn_failed_once("copying and reading the NaN flags", exc)
+
+
+def _after_fork_in_child() -> None:
+    global _ring
+    _ring = None  # the parent's file and device ring are the parent's
+
+
+atexit.register(step_ended, True)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,170 @@
+"""The NaN flags (SGLANG_KERNEL_API_NAN_FLAGS, issue 63): each recorded
+call's outputs reduced to non-finite flags where they lie, no host read of
+a tensor's value inside a recorded call, the first flagged call of a step
+named with its requests, from the trace file and, after a crash, from the
+flags file beside it alone."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_python
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+
+# Three layers a step for four requests (a row each); layer1 puts NaN in r2's row at step 2. Every step runs
+# with each host read of a tensor's value refused (bench/host_reads.py): the recorder must make none.
+MODEL = r"""
+import os, sys, torch, sglang_otel_kernels as sok
+sys.path.insert(0, BENCH)
+from host_reads import host_reads
+from sglang_otel_kernels.capture import nan_flags
+if ENDING != "live":  # the live reading never happens (as on a GPU, where a step's flags are read a step late)
+    nan_flags.FlagRing._first_flagged = lambda self, start, end: None
+
+@sok.debug_kernel_api(op_name="layer0")
+def layer0(x):
+    return x * 2
+
+@sok.debug_kernel_api(op_name="layer1")
+def layer1(x, poison):
+    y = x + 1
+    if poison:
+        y[2] = float("nan")
+    return y
+
+@sok.debug_kernel_api(op_name="layer2")
+def layer2(x):
+    return x.relu(), x.sum(-1)
+
+members = [(None, f"r{index}") for index in range(4)]
+with host_reads(refuse=True) as reads:
+    for step in range(5):
+        with sok.forward_batch(members, name="decode"):
+            if step == 3 and ENDING == "abort":
+                layer0(torch.ones(4, 8))
+                os.abort()  # as a device-side assert on the NaN a step later takes the process down
+            layer2(layer1(layer0(torch.ones(4, 8)), step == 2))
+        if step == 3 and ENDING == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+print(json.dumps(reads))
+"""
+SETTINGS = {"level 1": {"SGLANG_KERNEL_API_LOGLEVEL": "1"}, "level 3": {"SGLANG_KERNEL_API_LOGLEVEL": "3"},
+            "black box": {"SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_BLACKBOX": "1"}}
+
+
+def model(ending: str) -> str:
+    return ("import json, signal\n" + MODEL).replace("BENCH", repr(BENCH)).replace("ENDING", repr(ending))
+
+
+def run_model(tmp_path, ending: str, settings: dict) -> subprocess.CompletedProcess:
+    return run_python(model(ending), tmp_path, env={"SGLANG_KERNEL_API_NAN_FLAGS": "1",
+                                                     "SGLANG_KERNEL_API_LOGDEST": "off",
+                                                     "SGLANG_KERNEL_API_TRACEFILE": "t.sgltrace", **settings})
+
+
+def report(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def first_nonfinite(tmp_path) -> tuple:
+    proc = report("--json", "t.sgltrace", cwd=tmp_path)
+    found = json.loads(proc.stdout)
+    return proc.returncode, found["first_nonfinite_output"], found
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_no_recorded_call_reads_a_value_to_the_host_and_the_first_nan_is_named_with_its_request(tmp_path, setting):
+    proc = run_model(tmp_path, "live", SETTINGS[setting])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == []  # no host read was asked for
+    assert "failed" not in proc.stderr, proc.stderr  # nothing of ours went wrong, quietly
+    status, first, _ = first_nonfinite(tmp_path)
+    assert status == 3  # the documented exit status of a NaN/Inf
+    assert first["name"] == "layer1" and first["nonfinite_seen_by"] == "flags"
+    assert first["requests"]["request_ids"] == ["r2"] and first["requests"]["nonfinite_rows"] is True
+    assert first["requests"]["batch_request_ids"] == ["r0", "r1", "r2", "r3"]
+    text = report("t.sgltrace", cwd=tmp_path).stdout
+    assert text.startswith("the NaN flags saw the first NaN/Inf come out of layer1, in the rows of request r2"), text
+    assert "First call whose NaN flags saw NaN/Inf:\n  layer1" in text
+    # Marked as the live reading found it: in the trace file itself, the flags file aside.
+    os.rename(tmp_path / "t.sgltrace.nanflags", tmp_path / "aside")
+    assert first_nonfinite(tmp_path)[1]["name"] == "layer1"
+
+
+@pytest.mark.parametrize("ending", ["kill", "abort"])
+def test_a_process_that_dies_a_step_after_the_nan_has_it_named_from_the_flags_file(tmp_path, ending):
+    proc = run_model(tmp_path, ending, SETTINGS["level 1"])
+    assert proc.returncode == (-signal.SIGKILL if ending == "kill" else -signal.SIGABRT), proc.stderr
+    status, first, found = first_nonfinite(tmp_path)
+    assert found["crashed"] is (ending == "abort")  # aborted inside layer0's call; killed between steps
+    assert first["name"] == "layer1" and first["nonfinite_seen_by"] == "flags"
+    assert first["requests"]["request_ids"] == ["r2"]
+    # From the flags file alone: the trace file does not say it.
+    os.rename(tmp_path / "t.sgltrace.nanflags", tmp_path / "aside")
+    assert first_nonfinite(tmp_path)[1] is None
+
+
+def test_an_earlier_runs_flags_go_where_its_trace_file_goes(tmp_path):
+    assert run_model(tmp_path, "kill", SETTINGS["level 1"]).returncode == -signal.SIGKILL
+    assert run_model(tmp_path, "live", SETTINGS["level 1"]).returncode == 0
+    kept = [name for name in os.listdir(tmp_path) if name.endswith(".sgltrace") and ".prev-" in name]
+    assert len(kept) == 1 and os.path.exists(tmp_path / (kept[0] + ".nanflags"))
+    proc = report("--json", kept[0], cwd=tmp_path)
+    assert json.loads(proc.stdout)["first_nonfinite_output"]["name"] == "layer1"
+
+
+def test_calls_outside_any_batch_are_flagged_too_and_read_at_exit(tmp_path):
+    proc = run_python("""
+import torch, sglang_otel_kernels as sok
+scale = sok.debug_kernel_api(op_name="scale")(lambda x, k: x * k)
+for k in (1.0, 2.0, float("inf"), 3.0):
+    scale(torch.ones(2, 3), k)
+""", tmp_path, env={"SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_NAN_FLAGS": "1",
+                    "SGLANG_KERNEL_API_LOGDEST": "off", "SGLANG_KERNEL_API_TRACEFILE": "t.sgltrace"})
+    assert proc.returncode == 0, proc.stderr
+    status, first, _ = first_nonfinite(tmp_path)
+    assert status == 3 and first["name"] == "scale" and first["seq"] == 3
+
+
+def test_the_flags_file_trusts_a_slot_only_once_its_copy_is_confirmed(tmp_path):
+    from sglang_otel_kernels.record.flag_file import FlagFile, read_flag_file
+
+    path = str(tmp_path / "f.nanflags")
+    written = FlagFile(path, 8, 6)
+    written.set_index(0, 5, 4, 1)
+    written.flags[0:6] = bytes([1, 1, 0, 1, 0, 1])  # row 2 and the other output: non-finite
+    written.set_index(1, 6, 1, 0)
+    written.flags[6:12] = bytes([0, 1, 1, 1, 1, 1])
+    found = read_flag_file(path)
+    assert found.flagged == [] and found.unconfirmed == 2  # nothing confirmed yet: no flag is believed
+    written.confirm(5)
+    found = read_flag_file(path)
+    assert [(f.seq, f.rows, f.bad_rows, f.other_output) for f in found.flagged] == [(5, 4, (2,), True)]
+    assert found.unconfirmed == 1 and found.pid == os.getpid()
+    with pytest.raises(FileExistsError):  # never over an earlier file
+        FlagFile(path, 8, 6)
+
+
+@pytest.mark.parametrize("content", [b"", b"SGLNANF1" + b"\0" * 10, b"x" * 200, None])
+def test_a_flags_file_that_is_not_one_is_a_problem_never_an_error(tmp_path, content):
+    from sglang_otel_kernels.record.flag_file import FlagFile, HEADER, read_flag_file
+
+    path = tmp_path / "f.nanflags"
+    if content is None:  # a valid header whose sizes disagree with the file
+        FlagFile(str(path), 8, 6)
+        data = bytearray(path.read_bytes())
+        HEADER.pack_into(data, 0, b"SGLNANF1", 1, 4096, 6, 1, 0, 0)
+        path.write_bytes(bytes(data))
+    else:
+        path.write_bytes(content)
+    found = read_flag_file(str(path))
+    assert found.flagged == [] and len(found.problems) == 1 and str(path) in found.problems[0]
+    os.unlink(path)
+    os.mkfifo(path)  # never blocks on a FIFO
+    assert "cannot read" in read_flag_file(str(path)).problems[0]
