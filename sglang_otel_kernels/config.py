@@ -78,9 +78,10 @@ class KernelTraceConfig:
     graph_nan_check: at level 5, each decorated call captured into a CUDA
         graph gets a captured reduction that writes whether its floating
         outputs hold NaN/Inf into its slot of a device buffer; after each
-        replay the buffer is copied without blocking and read after the next
-        replay (or at the next statistics transfer), and the first captured
-        call of the replay that made NaN/Inf is named on the replay's span.
+        replay the buffer is copied without blocking and read once landed
+        (at the next replay, a step's end or a statistics transfer), and the
+        first captured call of the replay that made NaN/Inf is named on the
+        replay's span.
     nan_flags: at any level from 1 (and in the black box), each recorded
         call's outputs are reduced on their device to non-finite flags (per
         row of its first output, and one per other output) in a device

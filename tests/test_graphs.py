@@ -327,6 +327,41 @@ def test_the_nan_check_names_the_first_captured_call_that_made_nan_on_its_replay
         assert [graph["first_nonfinite"] for graph in graphs] == marks
 
 
+GRAPH_FLAGS = """
+sys.path.insert(0, BENCH)
+from host_reads import host_reads
+graph = StandInGraph(); out = capture(graph)
+check = graph._sglang_otel_kernels_graph.nan
+def replayed(poisoned):  # what the captured reductions write on the GPU, each replay
+    check.flags.zero_()
+    check.flags[1] = poisoned  # position 2: the first layer.mlp
+    start, count = check.rows[2]
+    check.flags[start + 1] = poisoned  # its output's second row: the batch's second request
+with host_reads(refuse=True) as reads:  # no value read to the host in a replay or at a step's end
+    for number, poisoned in enumerate([False, True, False], 1):
+        graph.at, graph.then = number, lambda poisoned=poisoned: replayed(poisoned)
+        with sok.forward_batch(carriers, name="decode_batch"):
+            graph.replay()
+print(reads)
+"""
+
+
+def test_the_nan_flags_name_a_graphs_first_flagged_call_at_level_1_with_no_host_read(tmp_path):
+    """With SGLANG_KERNEL_API_NAN_FLAGS at level 1 the graph NaN check flags
+    the captured calls; each replay's flags are read at its step's end from
+    host memory, and the report's headline names the captured call, its
+    replay and the request of its flagged row."""
+    bench = os.path.join(os.path.dirname(TESTS), "bench")
+    proc = run_python(_app(GRAPH_FLAGS.replace("BENCH", repr(bench)), level=1, nan_flags=True), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[-2] == "[]"
+    report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path / "t.sgltrace")],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 3, report.stdout + report.stderr
+    assert report.stdout.startswith("the NaN flags saw the first NaN/Inf come out of layer.mlp (captured call 2) in "
+                                    "replay 2 of CUDA graph 1, in the rows of request req-2 "), report.stdout
+
+
 def test_level_0_wraps_no_cuda_graph_and_a_failed_capture_leaves_nothing_behind(tmp_path):
     plain = run_python("import torch, sglang_otel_kernels as sok\n"
                        "import torch.cuda.graphs as graphs\n"

@@ -27,7 +27,6 @@ in tests.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import itertools
@@ -46,8 +45,9 @@ from ..record.processor import current_writer
 from ..record.spans import CALL_SEQ, captured_calls
 from ..record.tracefile import FLAG_GRAPH_REPLAY, MAX_GRAPH_CALLS, REPLAY_SHIFT, replay_fields
 from ..schema import (GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_POSITION, GRAPH_REPLAY, GRAPH_SUSPECT, HAS_INF, HAS_NAN,
-                      NONFINITE_REQUESTS, REPLAY_NAME)
-from . import decorator
+                      NONFINITE, NONFINITE_FLAG, NONFINITE_REQUESTS, REPLAY_NAME)
+from . import decorator, nan_flags
+from .nan_flags import host_view
 from .collectives import MAX_TENSORS, tensor_fields
 from .patches import Instrumentation, Patch
 
@@ -71,55 +71,71 @@ class Capture:
 
 
 class NanCheck:
-    """A graph's NaN flags (SGLANG_KERNEL_API_GRAPH_NAN_CHECK): the device
-    buffer its captured reductions write on each replay, copied after it
-    without blocking into one of two host buffers, and read after the next
-    replay was launched (its own kernels run meanwhile) or at the next
-    statistics transfer, whichever comes first. The first set slot names
-    the captured call on the replay's span, as a record after its end; the
-    rows of its first output that hold NaN/Inf name their requests where
-    the replay's batch maps rows to requests (forward_batch)."""
+    """A graph's NaN flags (SGLANG_KERNEL_API_GRAPH_NAN_CHECK at level 5, and
+    the NaN flags at any level: capture/nan_flags.py): the device buffer its
+    captured reductions write on each replay, copied after it without
+    blocking into one of HOSTS host buffers, and read once the copy has
+    landed (an event polled, never waited on), at the next replay or at a
+    step's end, from host memory (no tensor is read). The first set slot
+    names the captured call on the replay's span, as a record after its
+    end, with `nonfinite_flag`; the rows of its first output that hold
+    NaN/Inf name their requests where the replay's batch maps rows to
+    requests (forward_batch). A copy still on its way when its buffer is
+    wanted again (the GPU HOSTS replays behind) is dropped, and counted."""
 
-    __slots__ = ("flags", "names", "rows", "hosts", "events", "pending", "__weakref__")
+    HOSTS = 4
+    __slots__ = ("flags", "names", "rows", "hosts", "views", "events", "pending", "next", "lost", "__weakref__")
 
     def __init__(self, flags: "torch.Tensor", names: list, rows: dict) -> None:
         self.flags = flags
         self.names = names  # by position - 1
         self.rows = rows
         pinned = flags.is_cuda
-        self.hosts = [torch.zeros(flags.shape, dtype=flags.dtype, pin_memory=pinned) for _ in range(2)]
-        self.events: list = [None, None]
-        self.pending: "tuple[int, tuple, Any] | None" = None  # (host buffer, the replay's call, its batch)
+        self.hosts = [torch.zeros(flags.shape, dtype=flags.dtype, pin_memory=pinned) for _ in range(self.HOSTS)]
+        self.views = [host_view(host) for host in self.hosts]
+        self.events: list = [None] * self.HOSTS
+        self.pending: dict = {}  # host buffer -> (the replay's call, its batch), copied and not read
+        self.next = 0
+        self.lost = 0
 
     def replayed(self, call: tuple) -> None:
         self.read()
-        index = 0 if self.pending is None else 1 - self.pending[0]
+        index = self.next % self.HOSTS
+        self.next += 1
+        if index in self.pending:  # still on its way: the newer replay's flags matter more
+            del self.pending[index]
+            self.lost += 1
         self.hosts[index].copy_(self.flags, non_blocking=True)
         if self.flags.is_cuda:
             event = self.events[index] = self.events[index] or torch.cuda.Event()
             event.record()
-        self.pending = (index, call, batches.current())
+        self.pending[index] = (call, batches.current())
         _unread.add(self)
 
-    def read(self) -> None:
-        if self.pending is None:
-            return
-        index, call, batch = self.pending
-        self.pending = None
+    def read(self, wait: bool = False) -> None:
+        """The copies that have landed (all, with `wait`: at exit), oldest first."""
+        for index in sorted(self.pending, key=lambda i: (i - self.next) % self.HOSTS):
+            event = self.events[index]
+            if event is not None and not event.query():
+                if not wait:
+                    return
+                event.synchronize()
+            call, batch = self.pending.pop(index)
+            self._named(self.views[index], call, batch)
         _unread.discard(self)
-        if self.events[index] is not None:
-            self.events[index].synchronize()  # the replay before this one: done, or about to be
-        host = self.hosts[index]
-        set_slots = host[:MAX_GRAPH_CALLS].nonzero()
-        if not set_slots.numel():
+
+    def _named(self, host: memoryview, call: tuple, batch) -> None:
+        at = bytes(host[:MAX_GRAPH_CALLS]).find(1)
+        if at < 0:
             return
-        position = int(set_slots[0, 0]) + 1
+        position = at + 1
         name = self.names[position - 1] if position <= len(self.names) else "?"
-        found = {GRAPH_FIRST_NONFINITE: f"{position}: {name}"}
+        found = {GRAPH_FIRST_NONFINITE: f"{position}: {name}", NONFINITE_FLAG: True, NONFINITE: ("output",)}
         where = self.rows.get(position)
         if batch is not None and where is not None:
             start, count = where
-            owners = batch.owners(count, host[start: start + count].nonzero().flatten().tolist())
+            cells = bytes(host[start: start + count])
+            owners = batch.owners(count, [row for row in range(count) if cells[row]])
             if owners is not None:
                 found[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
         decorator.annotate(call, found)
@@ -372,12 +388,12 @@ def healthy() -> None:
     _read_flags()
 
 
-def _read_flags() -> None:
-    """The NaN flags of each graph's newest replay not read yet (at a
-    synchronisation, and at exit: the last replay's too)."""
+def _read_flags(wait: bool = False) -> None:
+    """The NaN flags of the graphs' replays whose copies have landed (at a
+    synchronisation, at a step's end; at exit, with `wait`, every one)."""
     for check in list(_unread):
         try:
-            check.read()
+            check.read(wait)
         except Exception as exc:
             warn_failed_once("reading a CUDA graph's NaN flags", exc)
 
@@ -453,6 +469,6 @@ def follow_config(cfg: "_config.KernelTraceConfig") -> None:
 
 
 decorator.watch_graphs(sys.modules[__name__])
-atexit.register(_read_flags)
+nan_flags.at_step_end(_read_flags)  # and at exit, waiting: the last replay's too
 _config.on_change(follow_config)
 follow_config(_config.get_config())

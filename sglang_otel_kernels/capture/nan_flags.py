@@ -120,7 +120,7 @@ class FlagRing:
             warn_failed_once("registering the NaN flags file with the CUDA driver", exc,
                              "; its flags are copied into pinned memory, which a crash loses")
             self.host = torch.ones(SLOTS, WIDTH, dtype=torch.bool, pin_memory=True)
-            self.landed = memoryview((ctypes.c_ubyte * (SLOTS * WIDTH)).from_address(self.host.data_ptr())).cast("B")
+            self.landed = host_view(self.host)
             self.confirmed = torch.zeros(1, dtype=torch.int64, pin_memory=True)
 
     def flag(self, call: "tuple | None", seq: int, result: Any) -> None:
@@ -215,7 +215,21 @@ def _ranges(start: int, end: int) -> list:
     return [(low, high)] if low < high else [(low, SLOTS), (0, high)]
 
 
+def host_view(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous host tensor, read without a tensor method
+    (what a copy into it has landed; `tolist` and the like would count as
+    reading a value in a recorded call)."""
+    size = tensor.numel() * tensor.element_size()
+    return memoryview((ctypes.c_ubyte * size).from_address(tensor.data_ptr())).cast("B")
+
+
 _ring: "FlagRing | None" = None
+_step_listeners: list = []  # what else reads flags at a step's end (the CUDA graphs' NaN check)
+
+
+def at_step_end(listener) -> None:
+    """`listener(wait)` is called at each step's end (and at exit, `wait` true) after the ring's reading."""
+    _step_listeners.append(listener)
 
 
 def flag(call: "tuple | None", seq: int, result: Any) -> None:
@@ -238,13 +252,14 @@ def step_ended(wait: bool = False) -> None:
     """The end of a step (a batch): the step's flags copied, those landed
     read; with `wait` (at exit, before a new file), every copy read."""
     ring = _ring
-    if ring is None:
-        return
-    try:
-        ring.copy()
-        ring.read(wait)
-    except Exception as exc:
-        warn_failed_once("copying and reading the NaN flags", exc)
+    if ring is not None:
+        try:
+            ring.copy()
+            ring.read(wait)
+        except Exception as exc:
+            warn_failed_once("copying and reading the NaN flags", exc)
+    for listener in _step_listeners:
+        listener(wait)
 
 
 def _after_fork_in_child() -> None:

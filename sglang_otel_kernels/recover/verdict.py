@@ -181,7 +181,12 @@ def nonfinite_sentence(call: dict[str, Any]) -> str:
     the rows of request nan-1 (rank 0, ...)`."""
     first = "the NaN flags saw the first NaN/Inf come out of" if call.get("nonfinite_seen_by") == "flags" else \
         "the first NaN/Inf from finite inputs came out of"
-    parts = [f"{first} {call['name']}", layer_text(call)]
+    what = call["name"]
+    graph = call.get("graph") or {}
+    if isinstance(graph.get("first_nonfinite"), str):  # a replay: the captured call its flags name
+        position, _, name = graph["first_nonfinite"].partition(": ")
+        what = f"{name} (captured call {position}) in replay {graph.get('replay')} of CUDA graph {graph.get('id')}"
+    parts = [f"{first} {what}", layer_text(call)]
     requests = call.get("requests") or {}
     if ids := requests.get("request_ids"):
         parts.append(f"in the rows of {requests_text(ids)}" if requests.get("nonfinite_rows") else
