@@ -1,7 +1,8 @@
 /* The compiled recording core: the black-box / level-1 path of a decorated
  * call (record/core.py says when it is used), and the sidecar's encoding of
- * a plain kernel call's span (`counter_span`), and the line a SIGTERM leaves
- * beside the trace file (`mark_sigterm`): one translation unit, this file
+ * a plain kernel call's span (`counter_span`), the line a SIGTERM leaves
+ * beside the trace file (`mark_sigterm`), and the NaN flags of a CPU
+ * tensor (`finite_rows`): one translation unit, this file
  * including those of native/, each one job and naming its Python twin.
  *
  * `Ring` is a trace file's ring as the writer (record/tracefile.py) sees it:
@@ -67,4 +68,5 @@
 #include "native/call.c"
 #include "native/sigterm.c"
 #include "native/otlp.c"
+#include "native/finite.c"
 #include "native/module.c"

@@ -168,3 +168,26 @@ def test_a_flags_file_that_is_not_one_is_a_problem_never_an_error(tmp_path, cont
     os.unlink(path)
     os.mkfifo(path)  # never blocks on a FIFO
     assert "cannot read" in read_flag_file(str(path)).problems[0]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_finite_rows_agrees_with_isfinite_through_every_cpu_path(dtype):
+    """The compiled core's scan of a contiguous CPU tensor, and the torch
+    path a strided one (and every one without the core) takes, both say
+    what `isfinite` says: the largest finite value and a subnormal are
+    finite, NaN and either Inf are not."""
+    import torch
+
+    from sglang_otel_kernels.describe.statistics import finite_rows
+
+    kind = getattr(torch, dtype)
+    info = torch.finfo(kind)
+    x = torch.zeros(8, 12, dtype=kind)
+    x[0, 0], x[1, 5], x[2, 11] = info.max, -info.max, info.tiny / 2  # finite, all three
+    x[3, 2], x[5, 11], x[6, 0] = float("nan"), float("inf"), float("-inf")
+    for tensor in (x, x.t().contiguous().t()):  # contiguous; strided (the torch path)
+        for rows in (8, 4, 1):
+            out = torch.ones(rows, dtype=torch.bool)
+            finite_rows(tensor, rows, out)
+            expected = torch.isfinite(tensor.reshape(rows, -1)).all(1)
+            assert out.tolist() == expected.tolist(), (rows, tensor.is_contiguous())

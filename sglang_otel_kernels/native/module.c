@@ -27,6 +27,8 @@ static PyMethodDef module_methods[] = {
     {"counter_span", (PyCFunction)(void (*)(void))counter_span, METH_FASTCALL,
      "counter_span(trace_id, span_id, parent_id, name_and_kind, start, end, head, counter_key, counter, tail): "
      "a Span, encoded (record/otlp_encode.py)."},
+    {"finite_rows", (PyCFunction)(void (*)(void))finite_rows, METH_FASTCALL,
+     "finite_rows(source, count, kind, rows, destination): a byte a row of a CPU tensor's memory, 1 when all finite."},
     {"mark_sigterm", mark_sigterm, METH_O,
      "mark_sigterm(fd): SIGTERM writes one line to fd first (True; False while SIGTERM is ignored); -1: no more."},
     {NULL}};
