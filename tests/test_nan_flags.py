@@ -187,7 +187,26 @@ def test_finite_rows_agrees_with_isfinite_through_every_cpu_path(dtype):
     x[3, 2], x[5, 11], x[6, 0] = float("nan"), float("inf"), float("-inf")
     for tensor in (x, x.t().contiguous().t()):  # contiguous; strided (the torch path)
         for rows in (8, 4, 1):
-            out = torch.ones(rows, dtype=torch.bool)
-            finite_rows(tensor, rows, out)
+            flags = torch.ones(3, 12, dtype=torch.bool)
+            finite_rows(tensor, rows, flags, 1, 2)  # into slot 1, from its third flag
             expected = torch.isfinite(tensor.reshape(rows, -1)).all(1)
-            assert out.tolist() == expected.tolist(), (rows, tensor.is_contiguous())
+            assert flags[1, 2:2 + rows].tolist() == expected.tolist(), (rows, tensor.is_contiguous())
+            assert flags.sum().item() == 36 - rows + sum(expected.tolist())  # nothing else written
+
+
+def test_a_steps_end_while_a_cuda_graph_is_captured_copies_nothing(tmp_path, monkeypatch):
+    """A batch around a capture ends while the stream captures: a copy made
+    then would be captured into the graph, not made. The next end copies."""
+    import torch
+
+    from sglang_otel_kernels.capture import nan_flags
+
+    ring = nan_flags.FlagRing(str(tmp_path / "t.sgltrace"))
+    monkeypatch.setattr(nan_flags, "_ring", ring)
+    ring.flag(None, 1, torch.ones(2, 3))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    nan_flags.step_ended()
+    assert ring.copied == 0 and ring.made == 1
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    nan_flags.step_ended()
+    assert ring.copied == 1

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ..describe.guards import is_graph_capturing
 from ..describe.statistics import finite_rows
 from ..notices import warn_failed_once, warn_once
 from ..record import batches, processor
@@ -139,10 +140,9 @@ class FlagRing:
         leading = first.shape[0] if first.dim() else 0
         rows = leading if 0 < leading <= ROW_CAP else 1
         others = [tensor for tensor in found[1:1 + OTHER_CAP] if tensor.device == self.device]
-        out = self.buffer[slot]
-        finite_rows(first, rows, out[:rows])
+        finite_rows(first, rows, self.buffer, slot, 0)
         for index, tensor in enumerate(others):
-            finite_rows(tensor, 1, out[rows + index: rows + index + 1])
+            finite_rows(tensor, 1, self.buffer, slot, rows + index)
         self.file.set_index(slot, seq, rows, len(others))
         self.calls[slot] = (call, batches.current(), leading, rows, seq)
         self.made = n + 1
@@ -250,7 +250,11 @@ def flag(call: "tuple | None", seq: int, result: Any) -> None:
 
 def step_ended(wait: bool = False) -> None:
     """The end of a step (a batch): the step's flags copied, those landed
-    read; with `wait` (at exit, before a new file), every copy read."""
+    read; with `wait` (at exit, before a new file), every copy read.
+    Nothing while a CUDA graph is captured (a batch around a capture): a
+    copy made then would be captured, not made."""
+    if is_graph_capturing("cuda"):
+        return
     ring = _ring
     if ring is not None:
         try:

@@ -202,25 +202,27 @@ def nonfinite_rows(info: TensorInfo) -> "list[int] | None":
         return None
 
 
-def finite_rows(tensor: torch.Tensor, rows: int, out: torch.Tensor) -> None:
+def finite_rows(tensor: torch.Tensor, rows: int, flags: torch.Tensor, slot: int, column: int) -> None:
     """Whether each of `rows` rows of `tensor` (its elements split evenly)
-    is all finite, written into the bool tensor `out` where the tensor lies,
-    with nothing read back from a device (the NaN flags, capture/nan_flags.py).
-    A contiguous CPU tensor of a common floating type: its memory scanned by
-    the compiled core, into `out`'s (no torch dispatch). On an accelerator
-    `isfinite` then `all`: two kernels. Any other CPU tensor: the
-    difference of the tensor with itself summed (0 for finite values, NaN
-    for NaN and either Inf, exact in every floating type), as `isfinite` is
-    slow there (42 us for 4x4096 float32 against 9.5)."""
-    if tensor.device.type == "cpu":
+    is all finite, written into `flags[slot, column:column + rows]` (a
+    contiguous bool tensor on the tensor's device) with nothing read back
+    from a device (the NaN flags, capture/nan_flags.py). A contiguous CPU
+    tensor of a common floating type: its memory scanned by the compiled
+    core (no torch dispatch, no view made). On an accelerator `isfinite`
+    then `all`: two kernels. Any other CPU tensor: the difference of the
+    tensor with itself summed (0 for finite values, NaN for NaN and either
+    Inf, exact in every floating type), as `isfinite` is slow there (42 us
+    for 4x4096 float32 against 9.5)."""
+    if tensor.is_cpu:
         kind = _SCANNED.get(tensor.dtype) if core.native is not None else None
-        if kind is not None and tensor.is_contiguous() and out.is_contiguous():
-            core.native.finite_rows(tensor.data_ptr(), tensor.numel(), kind, rows, out.data_ptr())
+        if kind is not None and tensor.is_contiguous():
+            core.native.finite_rows(tensor.data_ptr(), tensor.numel(), kind, rows,
+                                    flags.data_ptr() + slot * flags.stride(0) + column)
             return
         grouped = tensor.reshape(rows, -1)
-        torch.eq((grouped - grouped).sum(1), 0, out=out)
+        torch.eq((grouped - grouped).sum(1), 0, out=flags[slot, column:column + rows])
     else:
-        torch.all(torch.isfinite(tensor.reshape(rows, -1)), dim=1, out=out)
+        torch.all(torch.isfinite(tensor.reshape(rows, -1)), dim=1, out=flags[slot, column:column + rows])
 
 
 # The floating types the compiled core scans, by their element's code there (native/finite.c).
