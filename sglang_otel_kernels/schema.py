@@ -42,6 +42,11 @@ NONFINITE_REQUESTS = PREFIX + "nonfinite_requests"  # level 5 and the NaN flags:
 # said NaN/Inf (NaN and Inf are not told apart), written after its end, or by the reader from the
 # `.nanflags` file a crash left: true.
 NONFINITE_FLAG = PREFIX + "nonfinite_flag"
+# The NaN flags' mark of that call where back ends see it: a span of this name, a child of the flagged call,
+# and one in the trace of each request its flagged rows belong to (under `<batch>.request`), with
+# NONFINITE_FLAG, NONFINITE_CALL (the call's name) and NONFINITE_REQUESTS.
+NONFINITE_SPAN = "sglang.kernel.nonfinite"
+NONFINITE_CALL = PREFIX + "nonfinite_call"
 # A call that failed on its inputs, in a batch whose rows map to requests (describe/culprits.py): the
 # requests whose rows hold the bad input, and what was wrong with it; on a copy, whether its request is one.
 CULPRIT_REQUESTS = PREFIX + "culprit_requests"

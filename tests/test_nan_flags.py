@@ -210,3 +210,64 @@ def test_a_steps_end_while_a_cuda_graph_is_captured_copies_nothing(tmp_path, mon
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     nan_flags.step_ended()
     assert ring.copied == 1
+
+
+MARKED = r"""
+import json, torch, sglang_otel_kernels as sok
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+sok.configure(level=1, log_dest="off", trace_file="t.sgltrace", nan_flags=True, tracer_provider=provider)
+layer = sok.debug_kernel_api(op_name="layer1")(lambda x, poison: x.index_fill(0, torch.tensor([1]), float("nan"))
+                                               if poison else x + 1)
+carriers = [("00-" + "a1" * 16 + "-" + "b1" * 8 + "-01", "r0"), ("00-" + "a2" * 16 + "-" + "b2" * 8 + "-01", "r1"),
+            ("00-" + "a3" * 16 + "-" + "b3" * 8 + "-01", "r2")]
+for step in range(3):
+    with sok.forward_batch(carriers, name="decode"):
+        layer(torch.ones(3, 4), step == 1)
+print(json.dumps([(s.name, f"{s.context.trace_id:032x}", s.parent.span_id if s.parent else None, s.context.span_id,
+                   {k: list(v) if isinstance(v, tuple) else v for k, v in s.attributes.items()})
+                  for s in exporter.get_finished_spans()]))
+"""
+
+
+def test_the_flagged_call_is_marked_where_back_ends_see_it_and_in_its_requests_traces(tmp_path):
+    """The mark in the trace file comes after the call's span was sent: a
+    `sglang.kernel.nonfinite` span, tagged `nonfinite_flag`, goes to the
+    exporters under the flagged call, and under the request its flagged
+    row belongs to (r1's trace), not under its batch mates'."""
+    proc = run_python(MARKED, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    spans = json.loads(proc.stdout.splitlines()[-1])
+    calls = {span_id: (name, trace) for name, trace, _, span_id, _ in spans if name == "layer1"}
+    marks = [span for span in spans if span[0] == "sglang.kernel.nonfinite"]
+    assert len(marks) == 2, marks
+    (_, trace, parent, _, attributes), (_, request_trace, _, _, request_attributes) = sorted(
+        marks, key=lambda mark: "sglang.request.id" in mark[4])
+    assert calls[parent] == ("layer1", trace)  # under the flagged call, in its batch's trace
+    assert attributes["sglang.kernel.nonfinite_flag"] is True and attributes["sglang.kernel.nonfinite_call"] == "layer1"
+    assert attributes["sglang.kernel.nonfinite_requests"] == ["r1"]
+    assert request_trace == "a2" * 16 and request_attributes["sglang.request.id"] == "r1"  # r1's own trace
+
+
+def test_the_mark_reaches_jaeger_through_the_sidecar_searchable_by_its_tag(tmp_path):
+    """Exported by the sidecar from the trace file to a real Jaeger: a search
+    for `sglang.kernel.nonfinite_flag=true` finds the batch's trace and the
+    trace of the request whose row went non-finite, not its batch mates'."""
+    from backends import Jaeger, ensure_built, wait
+
+    ensure_built()
+    jaeger = Jaeger(tmp_path)
+    try:
+        script = MARKED.replace(", tracer_provider=provider", "").replace("print(json.dumps(", "print((")
+        proc = run_python(script, tmp_path, env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{jaeger.otlp}",
+                                                 "OTEL_SERVICE_NAME": "nan-flags"})
+        assert proc.returncode == 0, proc.stderr
+        found = wait("the marks in Jaeger", lambda: (lambda got: got if len(got) == 2 else None)(
+            jaeger.search("nan-flags", {"sglang.kernel.nonfinite_flag": "true"})), timeout=60)
+    finally:
+        jaeger.close()
+    assert int("a2" * 16, 16) in found and int("a1" * 16, 16) not in found and int("a3" * 16, 16) not in found

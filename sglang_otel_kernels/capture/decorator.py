@@ -151,6 +151,9 @@ def kernel_tracer():
     return spans.tracer or spans.setup()
 
 
+nan_flags.use_tracer(kernel_tracer)
+
+
 def prime_parent(context, span_context) -> None:
     """Kernel calls about to run in `context`, whose current span has
     `span_context`, are given that span as their parent without looking

@@ -34,6 +34,7 @@ import os
 from typing import Any
 
 import torch
+from opentelemetry import trace
 
 from ..describe.guards import is_graph_capturing
 from ..describe.statistics import finite_rows
@@ -41,8 +42,9 @@ from ..notices import warn_failed_once, warn_once
 from ..record import batches, processor
 from ..record.flag_file import NONFINITE_BYTE, FlagFile
 from ..record.tracefile import nan_flags_path
-from ..record.spans import add_attributes
-from ..schema import NONFINITE, NONFINITE_FLAG, NONFINITE_REQUESTS
+from ..record.spans import NAME_, add_attributes, call_context
+from ..schema import (NONFINITE, NONFINITE_CALL, NONFINITE_FLAG, NONFINITE_REQUESTS, NONFINITE_SPAN,
+                      REQUEST_ID)
 
 SLOTS = 4096
 ROW_CAP = 256  # rows of a first output flagged one by one
@@ -200,11 +202,41 @@ class FlagRing:
             return
         bad = [row for row in range(rows) if cells[row] == NONFINITE_BYTE]
         attributes: dict = {NONFINITE_FLAG: True, NONFINITE: ("output",)}
-        if batch is not None and bad and rows == leading:
-            owners = batch.owners(leading, bad)
-            if owners is not None:
-                attributes[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
+        owners = batch.owners(leading, bad) if batch is not None and bad and rows == leading else None
+        if owners is not None:
+            attributes[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
         add_attributes(call, attributes)
+        _mark(call, batch, owners)
+
+
+def _mark(call: tuple, batch: "batches.Batch | None", owners: "list | None") -> None:
+    """The flagged call where back ends see it (the mark above was written
+    after its span ended, which exporters have sent): a NONFINITE_SPAN under
+    it, and one under each request of its batch that its flagged rows
+    belong to (all of them where the rows map to none), tagged
+    `nonfinite_flag` as a span with NaN is tagged `has_nan`."""
+    tracer = _tracer[0]() if _tracer else None
+    if tracer is None:
+        return
+    attributes = {NONFINITE_FLAG: True, NONFINITE_CALL: call[NAME_]}
+    if owners is not None:
+        attributes[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
+    parents = [(call_context(call), None)]
+    if batch is not None:
+        chosen = None if owners is None else set(owners)
+        parents += [(context, request) for context, request in batch.requests
+                    if chosen is None or request in chosen]
+    for context, request in parents:
+        marked = attributes if request is None else {**attributes, REQUEST_ID: request}
+        tracer.start_span(NONFINITE_SPAN, context=trace.set_span_in_context(trace.NonRecordingSpan(context)),
+                          attributes=marked).end()
+
+
+_tracer: list = []  # the kernel tracer's getter (capture/decorator.py gives it: it imports this module)
+
+
+def use_tracer(getter) -> None:
+    _tracer[:] = [getter]
 
 
 def _ranges(start: int, end: int) -> list:
