@@ -229,15 +229,60 @@ time.sleep(600)
 """
 
 
+def _ticket_worker(script: str, stack, tmp_path, service: str, **env) -> subprocess.Popen:
+    """`script` exporting to the stack's Collector as `service`, its metrics each second."""
+    return subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=stack["collector"].endpoint,
+                                          OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_SERVICE_NAME=service,
+                                          OTEL_METRIC_EXPORT_INTERVAL="1000", SGLANG_KERNEL_API_LOGDEST="off",
+                                          SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace"), **env))
+
+
+FLAGGED = """
+import time, torch, sglang_otel_kernels as sok
+
+@sok.debug_kernel_api(op_name="layer.flagged")
+def flagged(x, poison):
+    return x / 0.0 if poison else x * 1.0
+
+carriers = [("00-" + "c1" * 16 + "-" + "d1" * 8 + "-01", "r0"), ("00-" + "c2" * 16 + "-" + "d2" * 8 + "-01", "r1")]
+for step in range(4):
+    with sok.forward_batch(carriers, name="decode"):
+        flagged(torch.ones(2, 3), step == 2)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_first_nan_the_nan_flags_saw_at_level_1_opens_its_ticket(stack, tmp_path):
+    """Level 1 with SGLANG_KERNEL_API_NAN_FLAGS: no statistics, and still the
+    shipped KernelMadeNaN fires for the call the flags saw make Inf (its
+    mark, sent after the call, counted by the sidecar), through the real
+    Collector and Prometheus; its Jaeger tag finds the mark."""
+    prometheus = stack["prometheus"]
+    worker = _ticket_worker(FLAGGED, stack, tmp_path, "alerts-flags", SGLANG_KERNEL_API_LOGLEVEL="1",
+                            SGLANG_KERNEL_API_NAN_FLAGS="1")
+    try:
+        assert worker.stdout.readline() == "ready\n", worker.stderr.read()
+
+        def ticket():
+            firing = {(a["labels"]["alertname"], a["labels"]["sglang_kernel_name"], a["labels"]["severity"])
+                      for a in _of(prometheus, "alerts-flags") if a["state"] == "firing"}
+            return firing or None
+
+        assert wait("the NaN ticket", ticket, timeout=90) == {("KernelMadeNaN", "layer.flagged", "ticket")}
+        marks = wait("the mark in Jaeger", lambda: stack["jaeger"].search(
+            "alerts-flags", {"sglang.kernel.nonfinite_flag": "true"}) or None, timeout=60)
+        assert int("c1" * 16, 16) in marks or int("c2" * 16, 16) in marks  # a request's trace holds it
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+
+
 def test_a_first_failure_and_a_first_nan_open_tickets_and_a_slow_healthy_kernel_pages_nothing(stack, tmp_path):
     prometheus = stack["prometheus"]
-    worker = subprocess.Popen([sys.executable, "-c", TICKETS], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              env=clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=stack["collector"].endpoint,
-                                            OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_SERVICE_NAME="alerts-tickets",
-                                            OTEL_METRIC_EXPORT_INTERVAL="1000", SGLANG_KERNEL_API_LOGLEVEL="5",
-                                            SGLANG_KERNEL_API_LOGDEST="off",
-                                            SGLANG_KERNEL_API_TRACEFILE=str(tmp_path / "trace_%i.sgltrace")))
+    worker = _ticket_worker(TICKETS, stack, tmp_path, "alerts-tickets", SGLANG_KERNEL_API_LOGLEVEL="5")
     try:
         assert worker.stdout.readline() == "ready\n", worker.stderr.read()
         seen = []

@@ -629,6 +629,29 @@ def test_the_sidecars_call_counts_are_added_per_kind_of_call_under_the_labels_th
     assert exported.points[("sglang.kernel.nonfinite", ranked("j"))] == 0
 
 
+def test_the_nan_flags_mark_counts_its_calls_nan_once_and_no_call():
+    """The NaN flags' mark (sent after the call ended and was counted)
+    adds to the call's NaN/Inf series, which KernelMadeNaN pages on, and not
+    to its calls; the mark in a request's trace is the same NaN, not counted."""
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.resources import Resource
+
+    from sglang_otel_kernels.live.metrics import KernelMetrics
+
+    exported = _KeptMetrics()
+    metrics = KernelMetrics(exported, Resource({}))
+    metrics.call("layer1", False, False)
+    mark = {"sglang.kernel.nonfinite_flag": True, "sglang.kernel.nonfinite_call": "layer1"}
+    metrics.count(SimpleNamespace(name="sglang.kernel.nonfinite", attributes=mark, in_flight=False))
+    metrics.count(SimpleNamespace(name="sglang.kernel.nonfinite", attributes={**mark, "sglang.request.id": "r1"},
+                                  in_flight=False))
+    metrics.close()
+    name = (("sglang.kernel.name", "layer1"),)
+    assert exported.points[("sglang.kernel.calls", name)] == 1
+    assert exported.points[("sglang.kernel.nonfinite", name)] == 1
+
+
 def test_the_sidecars_gauges_name_the_innermost_call_and_read_0_once_when_it_is_over():
     from types import SimpleNamespace
 

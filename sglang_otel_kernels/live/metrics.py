@@ -49,7 +49,8 @@ from opentelemetry.sdk.resources import Resource
 
 from .._version import __version__
 from ..record import batches
-from ..schema import COLLECTIVE_OP, COPY_OF, FATAL_SIGNAL, HUNG, NAME, TRACER_NAME
+from ..schema import (COLLECTIVE_OP, COPY_OF, FATAL_SIGNAL, HUNG, NAME, NONFINITE_CALL, NONFINITE_SPAN, REQUEST_ID,
+                      TRACER_NAME)
 from ..recover.ranks import rank_of_metadata
 from ..record.reader import RecoveredSpan, innermost_call
 
@@ -150,7 +151,7 @@ class KernelMetrics:
                                                   "sglang.process.reason)")
         self._labels: dict = {}
         self._seen: set[tuple] = set()  # (labels, name) whose failure and NaN/Inf series exist
-        self._pending: dict[tuple, int] = {}  # (name, failed, nonfinite) -> calls not added yet
+        self._pending: dict[tuple, int] = {}  # (name, failed, nonfinite, counted already) -> calls not added yet
 
     @property
     def labels(self) -> dict:
@@ -165,15 +166,22 @@ class KernelMetrics:
 
     def count(self, span: RecoveredSpan) -> None:
         """A span of the file that ended: a kernel call is counted (copies and
-        early exports are not calls)."""
+        early exports are not calls); the NaN flags' mark of a call (the one
+        in its batch's trace, not a request's), as that call's NaN/Inf."""
         attributes = span.attributes
         if NAME in attributes and COPY_OF not in attributes and HUNG not in attributes and not span.in_flight:
             self.call(span.name, span.status_code == "ERROR", batches.output_flagged(attributes))
+        elif span.name == NONFINITE_SPAN and REQUEST_ID not in attributes:
+            marked = attributes.get(NONFINITE_CALL)
+            if isinstance(marked, str):
+                self.call(marked, False, True, counted=True)
 
-    def call(self, name: str, failed: bool, nonfinite: bool) -> None:
-        """One kernel call that ended, kept with the others like it until `flush`."""
+    def call(self, name: str, failed: bool, nonfinite: bool, counted: bool = False) -> None:
+        """One kernel call that ended, kept with the others like it until
+        `flush`; `counted`: the call was counted already (its NaN/Inf learnt
+        after it ended)."""
         if self._counting:
-            key = (name, failed, nonfinite)
+            key = (name, failed, nonfinite, counted)
             self._pending[key] = self._pending.get(key, 0) + 1
 
     def flush(self) -> None:
@@ -181,9 +189,10 @@ class KernelMetrics:
         kind of call, rather than one per call (each costs microseconds). A
         kernel's failure and NaN/Inf series start at 0 with its first call."""
         pending, self._pending = self._pending, {}
-        for (name, failed, nonfinite), calls in pending.items():
+        for (name, failed, nonfinite, counted), calls in pending.items():
             labels = {**self._labels, NAME: name}
-            self._calls.add(calls, labels)
+            if not counted:
+                self._calls.add(calls, labels)
             seen = (_key(self._labels), name)
             if seen not in self._seen:
                 self._seen.add(seen)
