@@ -458,14 +458,6 @@ def watch_graphs(watch: GraphWatch) -> None:
     _graphs = watch
 
 
-def annotate(call: "tuple | None", attributes: dict) -> None:
-    """Attributes of a recorded call learnt after it ended (a graph replay's
-    NaN flags), written into the trace file for its span."""
-    spans = _runtime.spans
-    if call is not None and spans is not None:
-        spans.add(call, attributes)
-
-
 def _graph_suspect() -> "tuple[str, dict] | None":
     return _graphs.suspect() if _graphs is not None else None
 

@@ -39,13 +39,14 @@ import torch
 
 from .. import config as _config
 from ..describe.statistics import is_device_error
+from ..describe.tensors import tensors_of
 from ..notices import warn_failed_once
 from ..record import batches
 from ..record.processor import current_writer
 from ..record.spans import CALL_SEQ, captured_calls
 from ..record.tracefile import FLAG_GRAPH_REPLAY, MAX_GRAPH_CALLS, REPLAY_SHIFT, replay_fields
 from ..schema import (GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_POSITION, GRAPH_REPLAY, GRAPH_SUSPECT, HAS_INF, HAS_NAN,
-                      NONFINITE, NONFINITE_FLAG, NONFINITE_REQUESTS, REPLAY_NAME)
+                      REPLAY_NAME)
 from . import decorator, nan_flags
 from .nan_flags import host_view
 from .collectives import MAX_TENSORS, tensor_fields
@@ -130,15 +131,10 @@ class NanCheck:
             return
         position = at + 1
         name = self.names[position - 1] if position <= len(self.names) else "?"
-        found = {GRAPH_FIRST_NONFINITE: f"{position}: {name}", NONFINITE_FLAG: True, NONFINITE: ("output",)}
-        where = self.rows.get(position)
-        if batch is not None and where is not None:
-            start, count = where
-            cells = bytes(host[start: start + count])
-            owners = batch.owners(count, [row for row in range(count) if cells[row]])
-            if owners is not None:
-                found[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
-        decorator.annotate(call, found)
+        start, count = self.rows.get(position, (0, 0))
+        cells = bytes(host[start: start + count])
+        nan_flags.flagged(call, name, batch, count, [row for row in range(count) if cells[row]],
+                          **{GRAPH_FIRST_NONFINITE: f"{position}: {name}"})
 
 
 _unread: "weakref.WeakSet[NanCheck]" = weakref.WeakSet()  # graphs whose newest replay's flags are not read yet
@@ -224,9 +220,7 @@ def captured_output(marks: dict, result: Any) -> None:
     if not _checks["nan"] or not captures or captures[-1].nan_failed or not position or position > MAX_GRAPH_CALLS:
         return
     capture = captures[-1]
-    found: list = []
-    _tensors(result, found, 0)
-    floats = [tensor for tensor in found if tensor.is_floating_point() and tensor.numel()]
+    floats = [tensor for tensor in tensors_of(result, MAX_OUTPUTS) if tensor.is_floating_point() and tensor.numel()]
     if capture.flags is not None:
         floats = [tensor for tensor in floats if tensor.device == capture.flags.device]
     if not floats:
@@ -403,29 +397,12 @@ def watch_graph_outputs(graph: Any, outputs: Any) -> None:
     replay of `graph` its `outputs` (tensors, or containers and objects
     holding them: the static tensors the captured code returned) are checked
     for NaN/Inf in one reduction, and its replay span flagged."""
-    tensors: list = []
-    _tensors(outputs, tensors, 0)
+    tensors = tensors_of(outputs, MAX_OUTPUTS)
     info = _graph_of(graph)
     if info is None:
         info = Graph(next(_ids))
         _keep(graph, info)
     info.outputs = tuple(tensors[:MAX_OUTPUTS])
-
-
-def _tensors(value: Any, found: list, depth: int) -> None:
-    if len(found) >= MAX_OUTPUTS or depth > 3:
-        return
-    if isinstance(value, torch.Tensor):
-        found.append(value)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _tensors(item, found, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _tensors(item, found, depth + 1)
-    elif hasattr(value, "__dict__"):  # a dataclass of outputs (SGLang's LogitsProcessorOutput)
-        for item in vars(value).values():
-            _tensors(item, found, depth + 1)
 
 
 _installed: dict = {}  # class -> its Instrumentation

@@ -38,9 +38,11 @@ from opentelemetry import trace
 
 from ..describe.guards import is_graph_capturing
 from ..describe.statistics import finite_rows
+from ..describe.tensors import tensors_of
 from ..notices import warn_failed_once, warn_once
 from ..record import batches, processor
 from ..record.flag_file import NONFINITE_BYTE, FlagFile
+from ..record.setup import on_open
 from ..record.tracefile import nan_flags_path
 from ..record.spans import NAME_, add_attributes, call_context
 from ..schema import (NONFINITE, NONFINITE_CALL, NONFINITE_FLAG, NONFINITE_REQUESTS, NONFINITE_SPAN,
@@ -52,22 +54,6 @@ OTHER_CAP = 4  # other floating outputs flagged, one flag each
 WIDTH = ROW_CAP + OTHER_CAP
 COPY_EVERY = SLOTS // 4  # calls with no step's end between them: copied anyway, long before the ring laps
 _MAX_FOUND = 8  # tensors of a result looked at
-
-
-def _floats(value: Any, found: list, depth: int = 0) -> None:
-    """The floating tensors of a result (a tensor, or tuples, lists and dicts
-    of them), by metadata alone."""
-    if len(found) >= _MAX_FOUND or depth > 2:
-        return
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point() and value.numel():
-            found.append(value)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            _floats(item, found, depth + 1)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _floats(item, found, depth + 1)
 
 
 class FlagRing:
@@ -128,8 +114,7 @@ class FlagRing:
 
     def flag(self, call: "tuple | None", seq: int, result: Any) -> None:
         """After a recorded call returned `result`: its flags queued on its device."""
-        found: list = []
-        _floats(result, found)
+        found = [tensor for tensor in tensors_of(result, _MAX_FOUND) if tensor.is_floating_point() and tensor.numel()]
         if not found:
             return
         first = found[0]
@@ -198,38 +183,39 @@ class FlagRing:
 
     def _annotate(self, slot: int, cells: bytes) -> None:
         call, batch, leading, rows, _ = self.calls[slot]
-        if call is None:
-            return
-        bad = [row for row in range(rows) if cells[row] == NONFINITE_BYTE]
-        attributes: dict = {NONFINITE_FLAG: True, NONFINITE: ("output",)}
-        owners = batch.owners(leading, bad) if batch is not None and bad and rows == leading else None
-        if owners is not None:
-            attributes[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
-        add_attributes(call, attributes)
-        _mark(call, batch, owners)
+        if call is not None:
+            bad = [row for row in range(rows) if cells[row] == NONFINITE_BYTE] if rows == leading else []
+            flagged(call, call[NAME_], batch, leading, bad)
 
 
-def _mark(call: tuple, batch: "batches.Batch | None", owners: "list | None") -> None:
-    """The flagged call where back ends see it (the mark above was written
-    after its span ended, which exporters have sent): a NONFINITE_SPAN under
-    it, and one under each request of its batch that its flagged rows
-    belong to (all of them where the rows map to none), tagged
-    `nonfinite_flag` as a span with NaN is tagged `has_nan`."""
+def flagged(call: tuple, name: str, batch: "batches.Batch | None", leading: int, bad_rows: list, **more) -> None:
+    """The first call of a step whose flags said NaN/Inf (`name`: the call,
+    or the captured call of a graph's replay), found after it ended: marked
+    in the trace file (`nonfinite_flag`, `more`), with the requests owning
+    `bad_rows` of its first output's `leading` where its batch maps rows to
+    requests; and where back ends see it, since exporters have sent its
+    span: a NONFINITE_SPAN under it, and one under each request of its
+    batch that those rows belong to (all of them where the rows map to
+    none), tagged `nonfinite_flag` as a span with NaN is tagged `has_nan`."""
+    attributes: dict = {**more, NONFINITE_FLAG: True, NONFINITE: ("output",)}
+    owners = batch.owners(leading, bad_rows) if batch is not None and bad_rows else None
+    if owners is not None:
+        attributes[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
+    add_attributes(call, attributes)
     tracer = _tracer[0]() if _tracer else None
     if tracer is None:
         return
-    attributes = {NONFINITE_FLAG: True, NONFINITE_CALL: call[NAME_]}
+    marked = {NONFINITE_FLAG: True, NONFINITE_CALL: name}
     if owners is not None:
-        attributes[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
+        marked[NONFINITE_REQUESTS] = attributes[NONFINITE_REQUESTS]
     parents = [(call_context(call), None)]
     if batch is not None:
         chosen = None if owners is None else set(owners)
         parents += [(context, request) for context, request in batch.requests
                     if chosen is None or request in chosen]
     for context, request in parents:
-        marked = attributes if request is None else {**attributes, REQUEST_ID: request}
         tracer.start_span(NONFINITE_SPAN, context=trace.set_span_in_context(trace.NonRecordingSpan(context)),
-                          attributes=marked).end()
+                          attributes=marked if request is None else {**marked, REQUEST_ID: request}).end()
 
 
 _tracer: list = []  # the kernel tracer's getter (capture/decorator.py gives it: it imports this module)
@@ -271,10 +257,8 @@ def flag(call: "tuple | None", seq: int, result: Any) -> None:
     global _ring
     try:
         ring = _ring
-        path = processor.trace_file_path()
-        if ring is None or ring.trace_path != path:
-            step_ended(wait=True)  # what the ring of an earlier file holds, read before it goes
-            ring = _ring = FlagRing(path)
+        if ring is None:
+            ring = _ring = FlagRing(processor.trace_file_path())
         ring.flag(call, seq, result)
     except Exception as exc:
         warn_failed_once("queueing a kernel call's NaN flags", exc, "; the call goes on unflagged")
@@ -298,11 +282,21 @@ def step_ended(wait: bool = False) -> None:
         listener(wait)
 
 
+def _trace_file_opened(path: str) -> None:
+    """A new trace file (configured anew, a forked child's): the ring of the
+    one before read and let go; the next flagged call makes one beside it."""
+    global _ring
+    if _ring is not None and _ring.trace_path != path:
+        step_ended(wait=True)
+        _ring = None
+
+
 def _after_fork_in_child() -> None:
     global _ring
     _ring = None  # the parent's file and device ring are the parent's
 
 
+on_open(_trace_file_opened)
 atexit.register(step_ended, True)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..descriptions import TensorInfo
@@ -58,3 +60,29 @@ def describe_tensor(tensor: torch.Tensor) -> TensorInfo:
             except Exception:
                 continue
         return info
+
+
+def tensors_of(value: Any, limit: int) -> list:
+    """The tensors a result holds (itself, or in lists, tuples, dicts and
+    objects' attributes: a dataclass of outputs, SGLang's
+    LogitsProcessorOutput), found by their Python containers alone, at most
+    `limit`, four levels deep."""
+    found: list = []
+    _walk(value, found, limit, 0)
+    return found
+
+
+def _walk(value: Any, found: list, limit: int, depth: int) -> None:
+    if len(found) >= limit or depth > 3:
+        return
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _walk(item, found, limit, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _walk(item, found, limit, depth + 1)
+    elif hasattr(value, "__dict__"):
+        for item in vars(value).values():
+            _walk(item, found, limit, depth + 1)
