@@ -161,6 +161,32 @@ def test_the_rings_pages_are_made_present_ahead_of_the_first_lap(tmp_path):
         writer.close()
 
 
+def test_a_closed_file_is_unlocked_even_while_the_populating_thread_holds_its_mapping(tmp_path):
+    """The populating thread holds an export of the mapping while madvise
+    runs, so `close` cannot unmap then, and the mapping keeps the open file
+    (and with it the flock) alive: a closed file must still read as no live
+    writer's at once, and the next writer at its path must take it, not
+    write beside it."""
+    import ctypes
+
+    from sglang_otel_kernels.record.reader import writer_alive
+
+    path = str(tmp_path / "t.sgltrace")
+    first = fmt.TraceFileWriter(path, capacity=64 * 1024)
+    first.append((fmt.THREAD, 1, "main"))
+    export = ctypes.c_char.from_buffer(first._map)  # what the populating thread holds during madvise
+    try:
+        first.close()
+        assert not writer_alive(path)
+        second = fmt.TraceFileWriter(path, capacity=64 * 1024)
+        second.append((fmt.THREAD, 1, "main"))
+        assert second.path == path
+        assert [name for name in os.listdir(tmp_path) if ".prev-" in name]  # the first run's file, moved aside
+        second.close()
+    finally:
+        del export
+
+
 def test_a_record_after_close_never_creates_the_file_again(tmp_path):
     writer = fmt.TraceFileWriter(str(tmp_path / "t.sgltrace"), capacity=64 * 1024)
     writer.append((fmt.THREAD, 1, "main"))

@@ -518,6 +518,12 @@ class TraceFileWriter:
             except (BufferError, ValueError):
                 pass
         if fd is not None:
+            # Unlocked by hand: the lock belongs to the open file, which a mapping the populating thread
+            # still holds (its export stops `mapped.close()`) keeps open after the descriptor is closed.
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
             os.close(fd)
 
     # -- writing ---------------------------------------------------------
