@@ -47,6 +47,9 @@ NONFINITE_FLAG = PREFIX + "nonfinite_flag"
 # NONFINITE_FLAG, NONFINITE_CALL (the call's name) and NONFINITE_REQUESTS.
 NONFINITE_SPAN = "sglang.kernel.nonfinite"
 NONFINITE_CALL = PREFIX + "nonfinite_call"
+# On the NaN flags' mark in a request's trace: its row of the logits it was sampled from held NaN/Inf
+# (SGLang's sampler, before SGLANG_SANITIZE_NAN_LOGITS turns them into numbers): served from non-finite logits.
+NONFINITE_LOGITS = "sglang.request.nonfinite_logits"
 # A call that failed on its inputs, in a batch whose rows map to requests (describe/culprits.py): the
 # requests whose rows hold the bad input, and what was wrong with it; on a copy, whether its request is one.
 CULPRIT_REQUESTS = PREFIX + "culprit_requests"

@@ -632,7 +632,8 @@ def test_the_sidecars_call_counts_are_added_per_kind_of_call_under_the_labels_th
 def test_the_nan_flags_mark_counts_its_calls_nan_once_and_no_call():
     """The NaN flags' mark (sent after the call ended and was counted)
     adds to the call's NaN/Inf series, which KernelMadeNaN pages on, and not
-    to its calls; the mark in a request's trace is the same NaN, not counted."""
+    to its calls; the mark in a request's trace is the same NaN, not counted;
+    a mark with its call's module path counts in a series with that label."""
     from types import SimpleNamespace
 
     from opentelemetry.sdk.resources import Resource
@@ -646,10 +647,15 @@ def test_the_nan_flags_mark_counts_its_calls_nan_once_and_no_call():
     metrics.count(SimpleNamespace(name="sglang.kernel.nonfinite", attributes=mark, in_flight=False))
     metrics.count(SimpleNamespace(name="sglang.kernel.nonfinite", attributes={**mark, "sglang.request.id": "r1"},
                                   in_flight=False))
+    # A mark that knows its call's layer counts it under the layer too (KernelMadeNaN names it).
+    metrics.count(SimpleNamespace(name="sglang.kernel.nonfinite", in_flight=False,
+                                  attributes={**mark, "sglang.kernel.module": "model.layers.1.mlp"}))
     metrics.close()
     name = (("sglang.kernel.name", "layer1"),)
     assert exported.points[("sglang.kernel.calls", name)] == 1
     assert exported.points[("sglang.kernel.nonfinite", name)] == 1
+    layer = (("sglang.kernel.module", "model.layers.1.mlp"), ("sglang.kernel.name", "layer1"))
+    assert exported.points[("sglang.kernel.nonfinite", layer)] == 1
 
 
 def test_the_sidecars_gauges_name_the_innermost_call_and_read_0_once_when_it_is_over():

@@ -203,7 +203,7 @@ def test_a_steps_end_while_a_cuda_graph_is_captured_copies_nothing(tmp_path, mon
 
     ring = nan_flags.FlagRing(str(tmp_path / "t.sgltrace"))
     monkeypatch.setattr(nan_flags, "_ring", ring)
-    ring.flag(None, 1, torch.ones(2, 3))
+    ring.flag(None, 1, torch.ones(2, 3), None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     nan_flags.step_ended()
     assert ring.copied == 0 and ring.made == 1
@@ -251,6 +251,39 @@ def test_the_flagged_call_is_marked_where_back_ends_see_it_and_in_its_requests_t
     assert attributes["sglang.kernel.nonfinite_flag"] is True and attributes["sglang.kernel.nonfinite_call"] == "layer1"
     assert attributes["sglang.kernel.nonfinite_requests"] == ["r1"]
     assert request_trace == "a2" * 16 and request_attributes["sglang.request.id"] == "r1"  # r1's own trace
+
+
+WATCHED = MARKED.replace("""
+layer = sok.debug_kernel_api""", """
+from sglang_otel_kernels.capture import nan_flags
+from sglang_otel_kernels.capture.decorator import rewrap
+layer = sok.debug_kernel_api""").replace("""        layer(torch.ones(3, 4), step == 1)
+""", """        layer(torch.ones(3, 4), step == 1)
+        logits = torch.zeros(3, 8)
+        logits[step, 5] = float("inf")  # r0's row at step 0, r1's at 1 (where layer1 went NaN), r2's at 2
+        nan_flags.watch(logits, "sampler.logits", {"sglang.request.nonfinite_logits": True})
+""").replace("for step in range(3):", """layer = rewrap(layer, {"sglang.kernel.module": "model.layers.1.mlp"})
+for step in range(3):""")
+
+
+def test_a_watched_tensors_rows_mark_their_requests_whichever_call_came_first_and_the_mark_names_the_layer(tmp_path):
+    """Logits watched before sampling (what the SGLang integration does at
+    `sanitize_nan_logits`): each step whose row of a request held NaN/Inf
+    marks that request's trace `sglang.request.nonfinite_logits`, also the
+    step where a recorded call went NaN first; the call's own mark carries
+    its module path (the layer an alert names)."""
+    proc = run_python(WATCHED, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    spans = json.loads(proc.stdout.splitlines()[-1])
+    marks = [(trace, attributes) for name, trace, _, _, attributes in spans if name == "sglang.kernel.nonfinite"]
+    logits = sorted((mark["sglang.request.id"], trace, mark["sglang.kernel.nonfinite_call"]) for trace, mark in marks
+                    if mark.get("sglang.request.nonfinite_logits") is True)
+    assert logits == [("r0", "a1" * 16, "sampler.logits"), ("r1", "a2" * 16, "sampler.logits"),
+                      ("r2", "a3" * 16, "sampler.logits")], marks
+    [call_mark] = [mark for _, mark in marks if "sglang.request.id" not in mark]
+    assert call_mark["sglang.kernel.nonfinite_call"] == "layer1"
+    assert call_mark["sglang.kernel.module"] == "model.layers.1.mlp"
+    assert call_mark["sglang.kernel.nonfinite_requests"] == ["r1"]
 
 
 def test_the_mark_reaches_jaeger_through_the_sidecar_searchable_by_its_tag(tmp_path):

@@ -450,17 +450,41 @@ def test_poisoned_layer_then_sigkill_mid_request(sglang_python, models, backends
         assert page.startswith("sglang_process_crashed{") and 'sglang_process_reason="killed"' in page, page
 
 
-def test_poisoned_layer_named_by_the_nan_flags_at_level_1(sglang_python, models, tmp_path):
+def test_poisoned_layer_named_by_the_nan_flags_at_level_1(sglang_python, models, backends, tmp_path):
     """The same poisoned layer served at level 1 with the NaN flags
     (SGLANG_KERNEL_API_NAN_FLAGS=1) instead of level 5: no statistics, no
     synchronisation, and still the layer's call, its module path and the
-    request whose rows it made non-finite, from the trace file."""
-    server = Server(sglang_python, tmp_path, models["poisoned"], 1, SGLANG_KERNEL_API_NAN_FLAGS="1")
+    request whose rows it made non-finite, from the trace file; the mark
+    back ends see names the layer, and so does the NaN/Inf counter the
+    Collector serves to Prometheus (the KernelMadeNaN ticket's labels). With
+    SGLANG_SANITIZE_NAN_LOGITS the request is served a healthy 200 from
+    logits it turned from NaN/Inf into numbers: its trace says so."""
+    _, collector = backends
+    server = Server(sglang_python, tmp_path, models["poisoned"], 1, SGLANG_KERNEL_API_NAN_FLAGS="1",
+                    SGLANG_SANITIZE_NAN_LOGITS="1", OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
+                    OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_METRIC_EXPORT_INTERVAL="1000")
     try:
         status, answer = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 2}, "rid": "nan-1"})
         assert status == 200, answer
         [path] = server.trace_files()
         text = report(path)
+        marks = [span for span in spans_of(path) if span.name == "sglang.kernel.nonfinite"]
+        # Under the flagged call of each step: the layer, its module path, the request whose rows it made NaN/Inf.
+        assert {(mark.attributes.get("sglang.kernel.nonfinite_call"), mark.attributes.get("sglang.kernel.module"),
+                 mark.attributes.get("sglang.kernel.nonfinite_requests")) for mark in marks
+                if not mark.attributes.get("sglang.request.nonfinite_logits")} == {(LINEAR, POISONED, ("nan-1",))}
+        # The logits it was sampled from: NaN/Inf in its row, before SGLang sanitized them.
+        assert any(mark.attributes.get("sglang.request.nonfinite_logits") is True
+                   and mark.attributes.get("sglang.request.id") == "nan-1"
+                   and mark.attributes.get("sglang.kernel.nonfinite_call") == "sglang.sampler.logits"
+                   for mark in marks), [mark.attributes for mark in marks]
+
+        def counted():
+            return [line for line in collector.samples("sglang_kernel_nonfinite", "PROMETHEUS_PORT")
+                    if f'sglang_kernel_module="{POISONED}"' in line and f'sglang_kernel_name="{LINEAR}"' in line
+                    and not line.endswith(" 0")] or None
+
+        wait("the layer's NaN/Inf counted in the Collector", counted, timeout=60)
     finally:
         server.close()
     assert text.returncode == 3, text.stdout + text.stderr

@@ -491,7 +491,7 @@ def _wrap_coroutine(func: F, site: KernelSite, attributes: "dict | None") -> F:
         if token is not None:
             otel_context.detach(token)
         if _runtime.nan_flags:
-            nan_flags.flag(call and call[0], seq, result)
+            nan_flags.flag(call and call[0], seq, result, attributes)
         site.finish(call, result)
         return result
 
@@ -545,7 +545,7 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
                 if _capturing:
                     _graphs.captured_output(extra, result)
                 elif runtime.nan_flags:
-                    nan_flags.flag(span, seq, result)
+                    nan_flags.flag(span, seq, result, extra)
                 if after is not None:
                     hooked = after(args, span, result)
                     if hooked is not None:  # attributes or a device error for the end
@@ -565,7 +565,7 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
             if _capturing:
                 _graphs.captured_output(extra, result)
             elif runtime.nan_flags:
-                nan_flags.flag(call and call[0], seq, result)
+                nan_flags.flag(call and call[0], seq, result, extra)
             site.finish(call, result, after(args, call and call[0], result) if after else None)
             return result
         except BaseException as exc:

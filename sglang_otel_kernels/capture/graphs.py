@@ -46,7 +46,7 @@ from ..record.processor import current_writer
 from ..record.spans import CALL_SEQ, captured_calls
 from ..record.tracefile import FLAG_GRAPH_REPLAY, MAX_GRAPH_CALLS, REPLAY_SHIFT, replay_fields
 from ..schema import (GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_POSITION, GRAPH_REPLAY, GRAPH_SUSPECT, HAS_INF, HAS_NAN,
-                      REPLAY_NAME)
+                      MODULE, REPLAY_NAME)
 from . import decorator, nan_flags
 from .nan_flags import host_view
 from .collectives import MAX_TENSORS, tensor_fields
@@ -68,6 +68,7 @@ class Capture:
     flags: "torch.Tensor | None" = None  # the NaN check's device buffer, a slot per captured call, then rows
     rows: dict = dataclasses.field(default_factory=dict)  # position -> (where its rows' slots start, how many)
     rows_used: int = 0
+    modules: dict = dataclasses.field(default_factory=dict)  # position -> its call's module path, where known
     nan_failed: bool = False  # a captured reduction could not be made: no NaN check for this graph
 
 
@@ -85,11 +86,12 @@ class NanCheck:
     wanted again (the GPU HOSTS replays behind) is dropped, and counted."""
 
     HOSTS = 4
-    __slots__ = ("flags", "names", "rows", "hosts", "views", "events", "pending", "next", "lost", "__weakref__")
+    __slots__ = ("flags", "names", "modules", "rows", "hosts", "views", "events", "pending", "next", "lost", "__weakref__")
 
-    def __init__(self, flags: "torch.Tensor", names: list, rows: dict) -> None:
+    def __init__(self, flags: "torch.Tensor", names: list, modules: dict, rows: dict) -> None:
         self.flags = flags
         self.names = names  # by position - 1
+        self.modules = modules  # by position
         self.rows = rows
         pinned = flags.is_cuda
         self.hosts = [torch.zeros(flags.shape, dtype=flags.dtype, pin_memory=pinned) for _ in range(self.HOSTS)]
@@ -133,7 +135,7 @@ class NanCheck:
         name = self.names[position - 1] if position <= len(self.names) else "?"
         start, count = self.rows.get(position, (0, 0))
         cells = bytes(host[start: start + count])
-        nan_flags.flagged(call, name, batch, count, [row for row in range(count) if cells[row]],
+        nan_flags.flagged(call, name, self.modules.get(position), batch, count, [row for row in range(count) if cells[row]],
                           **{GRAPH_FIRST_NONFINITE: f"{position}: {name}"})
 
 
@@ -205,6 +207,8 @@ def captured(name: str, args: tuple, kwargs: dict, extra: "dict | None") -> "dic
         for value in (*args, *kwargs.values()):
             tensor_fields(value, shapes, dtypes)  # metadata only: nothing touches a tensor's data
         capture.calls.append((name, tuple(shapes[:MAX_TENSORS]), tuple(dtypes[:MAX_TENSORS])))
+        if extra and extra.get(MODULE):
+            capture.modules[position] = extra[MODULE]
     else:
         capture.left_out += 1
     marks = {GRAPH_ID: capture.graph_id, GRAPH_POSITION: position}
@@ -277,7 +281,8 @@ def _end(original: Callable) -> Callable:
             try:
                 info = Graph(capture.graph_id)
                 if capture.flags is not None and not capture.nan_failed:
-                    info.nan = NanCheck(capture.flags, [name for name, _, _ in capture.calls], capture.rows)
+                    info.nan = NanCheck(capture.flags, [name for name, _, _ in capture.calls], capture.modules,
+                                        capture.rows)
                 _keep(graph, info)
                 captured_calls[capture.graph_id] = len(capture.calls) + capture.left_out
                 writer = current_writer()

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from opentelemetry import trace
+from opentelemetry.trace import SpanContext
 
 from ..describe.guards import is_graph_capturing
 from ..describe.statistics import finite_rows
@@ -45,7 +46,7 @@ from ..record.flag_file import NONFINITE_BYTE, FlagFile
 from ..record.setup import on_open
 from ..record.tracefile import nan_flags_path
 from ..record.spans import NAME_, add_attributes, call_context
-from ..schema import (NONFINITE, NONFINITE_CALL, NONFINITE_FLAG, NONFINITE_REQUESTS, NONFINITE_SPAN,
+from ..schema import (MODULE, NONFINITE, NONFINITE_CALL, NONFINITE_FLAG, NONFINITE_REQUESTS, NONFINITE_SPAN,
                       REQUEST_ID)
 
 SLOTS = 4096
@@ -65,8 +66,12 @@ class FlagRing:
         self.file = self._file(trace_path)
         self.device: "torch.device | None" = None
         self.made = 0  # calls flagged so far: the next one's slot is made % SLOTS
+        self.newest = 0  # the newest flagged call's number (what a copy confirms)
+        self.watched: collections.deque = collections.deque()  # `made` of each watched tensor's slot, not read
         self.copied = 0  # calls whose slots were copied
-        self.calls: list = [None] * SLOTS  # slot -> (its call, its batch, its first output's rows, rows, seq)
+        # slot -> (its call, its batch, its first output's rows, rows, seq, its module path or None,
+        # None or, for a watched tensor's, its marks' name and attributes and the span it was watched in)
+        self.calls: list = [None] * SLOTS
         self.pending: collections.deque = collections.deque()  # (event or None, first call, end) copied, not read
         self.lost = 0  # calls whose flags were dropped unread (the ring lapped them)
 
@@ -112,16 +117,28 @@ class FlagRing:
             self.landed = host_view(self.host)
             self.confirmed = torch.zeros(1, dtype=torch.int64, pin_memory=True)
 
-    def flag(self, call: "tuple | None", seq: int, result: Any) -> None:
+    def flag(self, call: "tuple | None", seq: int, result: Any, module: "str | None") -> None:
         """After a recorded call returned `result`: its flags queued on its device."""
         found = [tensor for tensor in tensors_of(result, _MAX_FOUND) if tensor.is_floating_point() and tensor.numel()]
-        if not found:
-            return
+        if found:
+            self._put(found, (call, batches.current(), 0, 0, seq, module, None))
+
+    def watch(self, tensor: torch.Tensor, name: str, marks: dict) -> None:
+        """`tensor`'s rows flagged outside any recorded call (SGLang's logits
+        before sampling): where they hold NaN/Inf, the requests owning them
+        get a mark `name` with `marks`, whatever call came first."""
+        if tensor.is_floating_point() and tensor.numel() and \
+                self._put([tensor], (None, batches.current(), 0, 0, 0, None,
+                                     (name, marks, trace.get_current_span().get_span_context()))):
+            self.watched.append(self.made - 1)
+
+    def _put(self, found: list, entry: tuple) -> bool:
+        """`found`'s flags into the next slot, `entry` what it was; False: on another device, not put."""
         first = found[0]
         if self.device is None:
             self._bind(first.device)
         elif first.device != self.device:
-            return
+            return False
         n = self.made
         slot = n % SLOTS
         leading = first.shape[0] if first.dim() else 0
@@ -130,11 +147,15 @@ class FlagRing:
         finite_rows(first, rows, self.buffer, slot, 0)
         for index, tensor in enumerate(others):
             finite_rows(tensor, 1, self.buffer, slot, rows + index)
-        self.file.set_index(slot, seq, rows, len(others))
-        self.calls[slot] = (call, batches.current(), leading, rows, seq)
+        seq = entry[4]
+        self.file.set_index(slot, seq, rows, len(others))  # a watched tensor's is 0: no call of the file's
+        self.calls[slot] = (entry[0], entry[1], leading, rows, seq, entry[5], entry[6])
+        if seq:
+            self.newest = seq
         self.made = n + 1
         if self.made - self.copied >= COPY_EVERY:
             self.copy()
+        return True
 
     def copy(self) -> None:
         """The slots written since the last copy, copied into the file without
@@ -145,7 +166,7 @@ class FlagRing:
         for low, high in _ranges(start, end):
             self.host[low:high].copy_(self.buffer[low:high], non_blocking=self.cuda)
             self.buffer[low:high].fill_(True)
-        newest = self.calls[(end - 1) % SLOTS][4]
+        newest = self.newest
         if self.cuda:
             self.seq.fill_(newest)
             self.confirmed.copy_(self.seq, non_blocking=True)
@@ -167,30 +188,45 @@ class FlagRing:
                     return
                 event.synchronize()
             self.pending.popleft()
+            watched = []
+            while self.watched and self.watched[0] < end:
+                watched.append(self.watched.popleft())
             if self.made - start > SLOTS:  # its slots hold later calls now
                 self.lost += end - start
                 continue
             self._first_flagged(start, end)
+            for made in watched:
+                self._annotate(made % SLOTS)
 
     def _first_flagged(self, start: int, end: int) -> None:
+        """The first call of `start..end` whose flags say NaN/Inf, marked (watched tensors' slots aside)."""
         for low, high in _ranges(start, end):
             cells = bytes(self.landed[low * WIDTH: high * WIDTH])  # host memory: no tensor is read
             at = cells.find(NONFINITE_BYTE)
-            if at >= 0:
+            while at >= 0:
                 slot = low + at // WIDTH
-                self._annotate(slot, cells[(slot - low) * WIDTH:(slot - low + 1) * WIDTH])
-                return
+                if self.calls[slot][0] is not None:
+                    self._annotate(slot)
+                    return
+                at = cells.find(NONFINITE_BYTE, (slot - low + 1) * WIDTH)
 
-    def _annotate(self, slot: int, cells: bytes) -> None:
-        call, batch, leading, rows, _ = self.calls[slot]
-        if call is not None:
-            bad = [row for row in range(rows) if cells[row] == NONFINITE_BYTE] if rows == leading else []
-            flagged(call, call[NAME_], batch, leading, bad)
+    def _annotate(self, slot: int) -> None:
+        call, batch, leading, rows, _, module, watched = self.calls[slot]
+        cells = bytes(self.landed[slot * WIDTH: (slot + 1) * WIDTH])  # host memory: no tensor is read
+        if NONFINITE_BYTE not in cells or (call is None and watched is None):
+            return
+        bad = [row for row in range(rows) if cells[row] == NONFINITE_BYTE] if rows == leading else []
+        if watched is not None:
+            _watched(*watched, batch, leading, bad)
+        else:
+            flagged(call, call[NAME_], module, batch, leading, bad)
 
 
-def flagged(call: tuple, name: str, batch: "batches.Batch | None", leading: int, bad_rows: list, **more) -> None:
+def flagged(call: tuple, name: str, module: "str | None", batch: "batches.Batch | None", leading: int,
+            bad_rows: list, **more) -> None:
     """The first call of a step whose flags said NaN/Inf (`name`: the call,
-    or the captured call of a graph's replay), found after it ended: marked
+    or the captured call of a graph's replay; `module`: its module path,
+    where it is known), found after it ended: marked
     in the trace file (`nonfinite_flag`, `more`), with the requests owning
     `bad_rows` of its first output's `leading` where its batch maps rows to
     requests; and where back ends see it, since exporters have sent its
@@ -202,10 +238,9 @@ def flagged(call: tuple, name: str, batch: "batches.Batch | None", leading: int,
     if owners is not None:
         attributes[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
     add_attributes(call, attributes)
-    tracer = _tracer[0]() if _tracer else None
-    if tracer is None:
-        return
     marked = {NONFINITE_FLAG: True, NONFINITE_CALL: name}
+    if module:  # the layer, on the mark and so on the alert (live/metrics.py)
+        marked[MODULE] = module
     if owners is not None:
         marked[NONFINITE_REQUESTS] = attributes[NONFINITE_REQUESTS]
     parents = [(call_context(call), None)]
@@ -213,6 +248,32 @@ def flagged(call: tuple, name: str, batch: "batches.Batch | None", leading: int,
         chosen = None if owners is None else set(owners)
         parents += [(context, request) for context, request in batch.requests
                     if chosen is None or request in chosen]
+    _mark(parents, marked)
+
+
+def _watched(name: str, marks: dict, context: SpanContext, batch: "batches.Batch | None", leading: int,
+             bad_rows: list) -> None:
+    """A watched tensor (FlagRing.watch) held NaN/Inf: a mark `name` with
+    `marks` in the trace of each request owning its flagged rows (all of
+    its batch's where the rows map to none): under the request's own span
+    in a batch of several, else under the span it was watched in (a batch
+    of one traced request: in that request's trace)."""
+    if batch is None:
+        return
+    owners = batch.owners(leading, bad_rows) if bad_rows else None
+    chosen = set(batch.names if owners is None else owners)
+    if batch.requests:
+        parents = [(span, request) for span, request in batch.requests if request in chosen]
+    else:
+        parents = [(context, request) for request in batch.names if request in chosen] if context.is_valid else []
+    _mark(parents[:batches.MAX_NONFINITE_REQUESTS], {**marks, NONFINITE_FLAG: True, NONFINITE_CALL: name})
+
+
+def _mark(parents: list, marked: dict) -> None:
+    """A NONFINITE_SPAN with `marked` under each (span context, request id or None) of `parents`."""
+    tracer = _tracer[0]() if _tracer else None
+    if tracer is None:
+        return
     for context, request in parents:
         tracer.start_span(NONFINITE_SPAN, context=trace.set_span_in_context(trace.NonRecordingSpan(context)),
                           attributes=marked if request is None else {**marked, REQUEST_ID: request}).end()
@@ -250,18 +311,34 @@ def at_step_end(listener) -> None:
     _step_listeners.append(listener)
 
 
-def flag(call: "tuple | None", seq: int, result: Any) -> None:
-    """A recorded call's outputs flagged (the decorator's, after it returned,
-    with SGLANG_KERNEL_API_NAN_FLAGS on): into the ring of the trace file
-    this process writes now."""
+def _the_ring() -> FlagRing:
+    """The ring of the trace file this process writes now, made at its first use."""
     global _ring
+    if _ring is None:
+        _ring = FlagRing(processor.trace_file_path())
+    return _ring
+
+
+def flag(call: "tuple | None", seq: int, result: Any, extra: "dict | None") -> None:
+    """A recorded call's outputs flagged (the decorator's, after it returned,
+    with SGLANG_KERNEL_API_NAN_FLAGS on; `extra`: the call's own attributes,
+    its module path among them where known): into the ring of the trace
+    file this process writes now."""
     try:
-        ring = _ring
-        if ring is None:
-            ring = _ring = FlagRing(processor.trace_file_path())
-        ring.flag(call, seq, result)
+        _the_ring().flag(call, seq, result, extra.get(MODULE) if extra else None)
     except Exception as exc:
         warn_failed_once("queueing a kernel call's NaN flags", exc, "; the call goes on unflagged")
+
+
+def watch(tensor: torch.Tensor, name: str, marks: dict) -> None:
+    """`tensor`'s rows flagged now, outside any recorded call (FlagRing.watch);
+    nothing while a CUDA graph is captured (it would be captured, not made)."""
+    if is_graph_capturing("cuda"):
+        return
+    try:
+        _the_ring().watch(tensor, name, marks)
+    except Exception as exc:
+        warn_failed_once(f"queueing the NaN flags of {name}", exc, "; it goes on unflagged")
 
 
 def step_ended(wait: bool = False) -> None:

@@ -63,6 +63,10 @@ GRAPH_BACKEND_MODULE = "sglang.srt.model_executor.runner_backend.full_cuda_graph
 FUSED_OP_MODULE = "sglang.kernels.fused_op"
 MODEL_RUNNER_MODULE = "sglang.srt.model_executor.model_runner"
 TOKENIZER_MANAGER_MODULE = "sglang.srt.managers.tokenizer_manager"
+# Where SGLang's samplers find `sanitize_nan_logits` (the sampler imports it; speculative decoding's
+# verification imports it from async_probe when it runs), and the name of the logits' mark.
+SANITIZER_MODULES = ("sglang.srt.utils.async_probe", "sglang.srt.layers.sampler")
+LOGITS_MARK = "sglang.sampler.logits"
 # Where SGLang is told to stop (0.5.23), recorded as a stop so that a server
 # stopped on purpose reads "stopped", not "ended" or "died": its launcher's
 # handlers (run in its event loop: no signal-time writes) and the scheduler's
@@ -123,6 +127,9 @@ def install() -> Instrumentation:
                                                   functools.partial(_patch_rejections, handle)))
         for module in dict.fromkeys(module for module, _, _ in STOPS):
             handle.on_undo(import_hooks.when_imported(module, functools.partial(_patch_stops, handle)))
+        if _config.get_config().nan_flags:
+            for module in SANITIZER_MODULES:
+                handle.on_undo(import_hooks.when_imported(module, functools.partial(_patch_sanitizer, handle)))
     _installed = handle
     return handle
 
@@ -378,6 +385,30 @@ def _ending(span: Any, call: Callable, *args, **kwargs) -> Any:
         raise
     finally:
         span.end()
+
+
+def _patch_sanitizer(handle: Instrumentation, module: Any) -> None:
+    """With the NaN flags on: the logits SGLang samples from, flagged a row
+    (a request) each just before `sanitize_nan_logits` (which, with
+    SGLANG_SANITIZE_NAN_LOGITS, turns NaN/Inf into numbers and the request
+    is served as if healthy): a request whose row held NaN/Inf gets the
+    flags' mark with NONFINITE_LOGITS in its trace, found at the step's end
+    like any flag, whichever call made the NaN."""
+    original = getattr(module, "sanitize_nan_logits", None)
+    if original is None or getattr(original, "_sglang_otel_kernels_watched", False):
+        return  # not this version's, or the sampler imported ours from async_probe
+    from ..capture import nan_flags
+    from ..schema import NONFINITE_LOGITS
+
+    marks = {NONFINITE_LOGITS: True}
+
+    @functools.wraps(original)
+    def sanitize_nan_logits(logits, *args, **kwargs):
+        nan_flags.watch(logits, LOGITS_MARK, marks)
+        return original(logits, *args, **kwargs)
+
+    sanitize_nan_logits._sglang_otel_kernels_watched = True  # type: ignore[attr-defined]
+    handle.add(Patch(module, "sanitize_nan_logits", sanitize_nan_logits))
 
 
 def _engine_span(name: str, attributes: dict) -> Any:

@@ -49,8 +49,8 @@ from opentelemetry.sdk.resources import Resource
 
 from .._version import __version__
 from ..record import batches
-from ..schema import (COLLECTIVE_OP, COPY_OF, FATAL_SIGNAL, HUNG, NAME, NONFINITE_CALL, NONFINITE_SPAN, REQUEST_ID,
-                      TRACER_NAME)
+from ..schema import (COLLECTIVE_OP, COPY_OF, FATAL_SIGNAL, HUNG, MODULE, NAME, NONFINITE_CALL, NONFINITE_SPAN,
+                      REQUEST_ID, TRACER_NAME)
 from ..recover.ranks import rank_of_metadata
 from ..record.reader import RecoveredSpan, innermost_call
 
@@ -119,6 +119,15 @@ class _Retiring:
                 + [Observation(0, dict(key)) for key in gone])
 
 
+def _module_of(attributes: dict) -> "str | None":
+    """A span's module path as a label value: text from a file, bounded."""
+    module = attributes.get(MODULE)
+    return module[:_MAX_MODULE] if isinstance(module, str) and module else None
+
+
+_MAX_MODULE = 256
+
+
 def _key(attributes: dict) -> tuple:
     return tuple(sorted(attributes.items()))
 
@@ -151,7 +160,8 @@ class KernelMetrics:
                                                   "sglang.process.reason)")
         self._labels: dict = {}
         self._seen: set[tuple] = set()  # (labels, name) whose failure and NaN/Inf series exist
-        self._pending: dict[tuple, int] = {}  # (name, failed, nonfinite, counted already) -> calls not added yet
+        # (name, failed, nonfinite, counted already, module of a NaN/Inf) -> calls not added yet
+        self._pending: dict[tuple, int] = {}
 
     @property
     def labels(self) -> dict:
@@ -167,21 +177,26 @@ class KernelMetrics:
     def count(self, span: RecoveredSpan) -> None:
         """A span of the file that ended: a kernel call is counted (copies and
         early exports are not calls); the NaN flags' mark of a call (the one
-        in its batch's trace, not a request's), as that call's NaN/Inf."""
+        in its batch's trace, not a request's), as that call's NaN/Inf. A
+        NaN/Inf is counted with the call's module path where it is known
+        (the layer the alert names)."""
         attributes = span.attributes
         if NAME in attributes and COPY_OF not in attributes and HUNG not in attributes and not span.in_flight:
-            self.call(span.name, span.status_code == "ERROR", batches.output_flagged(attributes))
+            nonfinite = batches.output_flagged(attributes)
+            self.call(span.name, span.status_code == "ERROR", nonfinite,
+                      module=_module_of(attributes) if nonfinite else None)
         elif span.name == NONFINITE_SPAN and REQUEST_ID not in attributes:
             marked = attributes.get(NONFINITE_CALL)
             if isinstance(marked, str):
-                self.call(marked, False, True, counted=True)
+                self.call(marked, False, True, counted=True, module=_module_of(attributes))
 
-    def call(self, name: str, failed: bool, nonfinite: bool, counted: bool = False) -> None:
+    def call(self, name: str, failed: bool, nonfinite: bool, counted: bool = False,
+             module: "str | None" = None) -> None:
         """One kernel call that ended, kept with the others like it until
         `flush`; `counted`: the call was counted already (its NaN/Inf learnt
-        after it ended)."""
+        after it ended); `module`: the module path of a call that made NaN/Inf."""
         if self._counting:
-            key = (name, failed, nonfinite, counted)
+            key = (name, failed, nonfinite, counted, module)
             self._pending[key] = self._pending.get(key, 0) + 1
 
     def flush(self) -> None:
@@ -189,7 +204,7 @@ class KernelMetrics:
         kind of call, rather than one per call (each costs microseconds). A
         kernel's failure and NaN/Inf series start at 0 with its first call."""
         pending, self._pending = self._pending, {}
-        for (name, failed, nonfinite, counted), calls in pending.items():
+        for (name, failed, nonfinite, counted, module), calls in pending.items():
             labels = {**self._labels, NAME: name}
             if not counted:
                 self._calls.add(calls, labels)
@@ -201,7 +216,7 @@ class KernelMetrics:
             if failed:
                 self._failures.add(calls, labels)
             if nonfinite:
-                self._nonfinite.add(calls, labels)
+                self._nonfinite.add(calls, {**labels, MODULE: module} if module else labels)
 
     def _call_labels(self, call: RecoveredSpan) -> dict:
         return {**self._labels, NAME: call.name, COLLECTIVE: COLLECTIVE_OP in call.attributes}
