@@ -46,6 +46,13 @@ def capture(graph, hidden=4):
         graph.capture_end()
     return out
 
+def poison(check, poisoned):  # what a replay's captured kernels write on the GPU: its NaN check's flags, summarised
+    check.flags.zero_()
+    check.flags[1] = poisoned  # position 2: the first layer.mlp
+    start, count = check.rows[2]
+    check.flags[start + 1] = poisoned  # its output's second row: the batch's second request
+    check.summarise()  # the summary's kernels, captured at the capture's end, run after them
+
 carriers = [("00-" + "a1" * 16 + "-" + "b1" * 8 + "-01", "req-1"), ("00-" + "a2" * 16 + "-" + "b2" * 8 + "-01", "req-2")]
 record_graph_class(StandInGraph)
 """
@@ -291,12 +298,9 @@ def test_the_output_check_flags_a_replay_that_made_nan(tmp_path, level, check, f
 NAN_CHECK = """
 graph = StandInGraph(); out = capture(graph)
 check = graph._sglang_otel_kernels_graph.nan  # None when the check is off
-def replayed(poisoned):  # what the captured reductions write on the GPU, each replay
+def replayed(poisoned):
     if check is not None:
-        check.flags.zero_()
-        check.flags[1] = poisoned  # position 2: the first layer.mlp
-        start, count = check.rows[2]
-        check.flags[start + 1] = poisoned  # its output's second row: the batch's second request
+        poison(check, poisoned)
 for number, poisoned in enumerate([False, True, False, True], 1):
     graph.at, graph.then = number, lambda poisoned=poisoned: replayed(poisoned)
     with sok.forward_batch(carriers, name="decode_batch"):
@@ -332,14 +336,9 @@ sys.path.insert(0, BENCH)
 from host_reads import host_reads
 graph = StandInGraph(); out = capture(graph)
 check = graph._sglang_otel_kernels_graph.nan
-def replayed(poisoned):  # what the captured reductions write on the GPU, each replay
-    check.flags.zero_()
-    check.flags[1] = poisoned  # position 2: the first layer.mlp
-    start, count = check.rows[2]
-    check.flags[start + 1] = poisoned  # its output's second row: the batch's second request
 with host_reads(refuse=True) as reads:  # no value read to the host in a replay or at a step's end
     for number, poisoned in enumerate([False, True, False], 1):
-        graph.at, graph.then = number, lambda poisoned=poisoned: replayed(poisoned)
+        graph.at, graph.then = number, lambda poisoned=poisoned: poison(check, poisoned)
         with sok.forward_batch(carriers, name="decode_batch"):
             graph.replay()
 print(reads)
@@ -360,6 +359,41 @@ def test_the_nan_flags_name_a_graphs_first_flagged_call_at_level_1_with_no_host_
     assert report.returncode == 3, report.stdout + report.stderr
     assert report.stdout.startswith("the NaN flags saw the first NaN/Inf come out of layer.mlp (captured call 2) in "
                                     "replay 2 of CUDA graph 1, in the rows of request req-2 "), report.stdout
+
+
+GRAPH_FLAGS_CRASH = """
+from sglang_otel_kernels.capture import nan_flags
+nan_flags.FlagRing._first_flagged = lambda self, start, end: None  # never read live (as a GPU a step late)
+graph = StandInGraph(); out = capture(graph)
+check = graph._sglang_otel_kernels_graph.nan
+for number in range(1, 5):
+    graph.at, graph.then = number, lambda poisoned=number == 2: poison(check, poisoned)
+    with sok.forward_batch(carriers, name="decode_batch"):
+        if number == 4:  # a step after the NaN: a device-side assert, or the OOM killer
+            mlp(torch.ones(1))
+            os.abort() if ENDING == "abort" else os.kill(os.getpid(), signal.SIGKILL)
+        graph.replay()
+"""
+
+
+@pytest.mark.parametrize("ending", ["kill", "abort"])
+def test_a_graph_replays_nan_flags_survive_a_crash_a_step_later_in_the_flags_file(tmp_path, ending):
+    """The graph's summary of replay 2 goes into the flags ring, then into
+    the crash-safe flags file at its step's end; never read live, the
+    process dies a step later: the report names the captured call, its
+    replay and the request of its flagged row from the files alone."""
+    proc = run_python(_app(GRAPH_FLAGS_CRASH.replace("ENDING", repr(ending)), level=1, nan_flags=True), tmp_path)
+    assert proc.returncode == (-signal.SIGKILL if ending == "kill" else -signal.SIGABRT), proc.stderr
+    path = str(tmp_path / "t.sgltrace")
+    report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", path, "--json"],
+                            capture_output=True, text=True, timeout=120)
+    first = json.loads(report.stdout)["first_nonfinite_output"]
+    assert first["nonfinite_seen_by"] == "flags" and first["requests"]["request_ids"] == ["req-2"], first
+    assert first["graph"]["first_nonfinite"] == "2: layer.mlp" and first["graph"]["replay"] == 2, first
+    os.rename(path + ".nanflags", tmp_path / "aside")  # the trace file alone does not say it
+    report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", path, "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert json.loads(report.stdout)["first_nonfinite_output"] is None
 
 
 def test_level_0_wraps_no_cuda_graph_and_a_failed_capture_leaves_nothing_behind(tmp_path):

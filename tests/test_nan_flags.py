@@ -133,33 +133,39 @@ for k in (1.0, 2.0, float("inf"), 3.0):
 
 
 def test_the_flags_file_trusts_a_slot_only_once_its_copy_is_confirmed(tmp_path):
-    from sglang_otel_kernels.record.flag_file import FlagFile, read_flag_file
+    from sglang_otel_kernels.record.flag_file import CALL, REPLAY, WATCH, FlagFile, read_flag_file
 
     path = str(tmp_path / "f.nanflags")
-    written = FlagFile(path, 8, 6)
-    written.set_index(0, 5, 4, 1)
-    written.flags[0:6] = bytes([1, 1, 0, 1, 0, 1])  # row 2 and the other output: non-finite
-    written.set_index(1, 6, 1, 0)
-    written.flags[6:12] = bytes([0, 1, 1, 1, 1, 1])
+    written = FlagFile(path, 8, 12)
+    written.set_index(0, 5, 1, 4, 1, CALL)
+    written.flags[0:12] = bytes([1, 1, 0, 1, 0] + [1] * 7)  # row 2 and the other output: non-finite
+    written.set_index(1, 0, 2, 2, 0, WATCH)  # a watched tensor's: never read from the file
+    written.flags[12:24] = bytes([0, 0] + [1] * 10)
+    # A graph's replay (call number 9 << 40 | 3): captured call 258 = 3 + 1 * 255, in rows 1 and 3 of its 4.
+    written.set_index(2, (9 << 40) | 3, 3, 0, 0, REPLAY)
+    written.flags[24:36] = bytes([0, 4, 2, 1, 5, 1, 1, 1, 0, 1, 0, 1])
+    written.set_index(3, 6, 4, 1, 0, CALL)
+    written.flags[36:48] = bytes([0] + [1] * 11)
     found = read_flag_file(path)
-    assert found.flagged == [] and found.unconfirmed == 2  # nothing confirmed yet: no flag is believed
-    written.confirm(5)
+    assert found.flagged == [] and found.unconfirmed == 3  # nothing confirmed yet: no flag is believed
+    written.confirm(3)
     found = read_flag_file(path)
-    assert [(f.seq, f.rows, f.bad_rows, f.other_output) for f in found.flagged] == [(5, 4, (2,), True)]
-    assert found.unconfirmed == 1 and found.pid == os.getpid()
+    assert [(f.seq, f.rows, f.bad_rows, f.other_output, f.position) for f in found.flagged] == [
+        (5, 4, (2,), True, 0), ((9 << 40) | 3, 4, (1, 3), False, 258)]
+    assert found.unconfirmed == 1 and found.pid == os.getpid() and found.problems == []
     with pytest.raises(FileExistsError):  # never over an earlier file
-        FlagFile(path, 8, 6)
+        FlagFile(path, 8, 12)
 
 
 @pytest.mark.parametrize("content", [b"", b"SGLNANF1" + b"\0" * 10, b"x" * 200, None])
 def test_a_flags_file_that_is_not_one_is_a_problem_never_an_error(tmp_path, content):
-    from sglang_otel_kernels.record.flag_file import FlagFile, HEADER, read_flag_file
+    from sglang_otel_kernels.record.flag_file import HEADER, VERSION, FlagFile, read_flag_file
 
     path = tmp_path / "f.nanflags"
     if content is None:  # a valid header whose sizes disagree with the file
         FlagFile(str(path), 8, 6)
         data = bytearray(path.read_bytes())
-        HEADER.pack_into(data, 0, b"SGLNANF1", 1, 4096, 6, 1, 0, 0)
+        HEADER.pack_into(data, 0, b"SGLNANF1", VERSION, 4096, 6, 1, 0, 0)
         path.write_bytes(bytes(data))
     else:
         path.write_bytes(content)

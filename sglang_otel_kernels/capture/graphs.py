@@ -47,8 +47,9 @@ from ..record.spans import CALL_SEQ, captured_calls
 from ..record.tracefile import FLAG_GRAPH_REPLAY, MAX_GRAPH_CALLS, REPLAY_SHIFT, replay_fields
 from ..schema import (GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_POSITION, GRAPH_REPLAY, GRAPH_SUSPECT, HAS_INF, HAS_NAN,
                       MODULE, REPLAY_NAME)
+from ..record.flag_file import DIGIT, REPLAY_DIGITS, REPLAY_HEAD
 from . import decorator, nan_flags
-from .nan_flags import host_view
+from .nan_flags import WIDTH
 from .collectives import MAX_TENSORS, tensor_fields
 from .patches import Instrumentation, Patch
 
@@ -74,72 +75,62 @@ class Capture:
 
 class NanCheck:
     """A graph's NaN flags (SGLANG_KERNEL_API_GRAPH_NAN_CHECK at level 5, and
-    the NaN flags at any level: capture/nan_flags.py): the device buffer its
-    captured reductions write on each replay, copied after it without
-    blocking into one of HOSTS host buffers, and read once the copy has
-    landed (an event polled, never waited on), at the next replay or at a
-    step's end, from host memory (no tensor is read). The first set slot
-    names the captured call on the replay's span, as a record after its
-    end, with `nonfinite_flag`; the rows of its first output that hold
-    NaN/Inf name their requests where the replay's batch maps rows to
-    requests (forward_batch). A copy still on its way when its buffer is
-    wanted again (the GPU HOSTS replays behind) is dropped, and counted."""
+    the NaN flags at any level: capture/nan_flags.py). Its captured
+    reductions write, on each replay, a flag a captured call into a device
+    buffer, then the flags of its first output's rows; kernels captured at
+    the capture's end reduce those to a summary in the layout of the flag
+    ring's REPLAY slots (record/flag_file.py: whether a call made NaN/Inf,
+    the first one's position and rows count, a flag a row). After each
+    replay the summary is copied into the ring (one device copy, nothing
+    read), which lands it in the crash-safe flags file with the step's
+    other flags and reads it once landed, from host memory; the first
+    flagged call names the captured call on the replay's span, with the
+    requests of its flagged rows where the replay's batch maps rows to
+    requests (`flagged`). Made while the graph is captured: it launches
+    nothing but the summary's kernels (captured); the tables they read are
+    filled once the capture has ended (`fill`)."""
 
-    HOSTS = 4
-    __slots__ = ("flags", "names", "modules", "rows", "hosts", "views", "events", "pending", "next", "lost", "__weakref__")
+    __slots__ = ("flags", "names", "modules", "rows", "summary", "_table", "_offsets", "_powers")
 
-    def __init__(self, flags: "torch.Tensor", names: list, modules: dict, rows: dict) -> None:
+    def __init__(self, flags: "torch.Tensor", names: list, modules: dict) -> None:
         self.flags = flags
         self.names = names  # by position - 1
         self.modules = modules  # by position
+        self.rows: dict = {}  # position -> (where its rows' flags start, how many), once filled
+        device = flags.device
+        # No host-to-device copy here (none is allowed while a graph is captured): the constants are made by
+        # kernels, which the graph then runs on each replay too (cheap), and the table is filled later; a
+        # capture launches nothing, so the summary never reads it unfilled but on the CPU (a stand-in graph).
+        make = torch.empty if flags.is_cuda else torch.zeros
+        self._table = make(len(names), 2, dtype=torch.int64, device=device)  # position - 1 -> start, rows
+        self._offsets = torch.arange(WIDTH - REPLAY_HEAD, device=device)
+        self._powers = torch.pow(DIGIT, self._offsets[:REPLAY_DIGITS])  # 1, DIGIT, DIGIT ** 2
+        self.summary = torch.empty(WIDTH, dtype=torch.uint8, device=device)
+        self.summarise()
+
+    def summarise(self) -> None:
+        """This replay's flags into `summary` (captured: run on each replay)."""
+        hit = self.flags[:len(self.names)].view(torch.uint8)
+        made, first = hit.max(0)  # the first captured call that made NaN/Inf, if one did
+        start, rows = self._table.index_select(0, first.view(1)).unbind(1)
+        rows = rows * made
+        numbers = torch.cat([(first.view(1) + 1) * made, rows]).view(2, 1)
+        digits = numbers.div(self._powers, rounding_mode="floor").remainder_(DIGIT).add_(1).view(-1)
+        flagged = self.flags.view(torch.uint8).index_select(0, start + self._offsets) * (self._offsets < rows)
+        self.summary.copy_(torch.cat([(1 - made).view(1), digits, 1 - flagged]))
+
+    def fill(self, rows: dict) -> None:
+        """Its calls' rows (position -> (where their flags start, how many)), once the capture has ended."""
         self.rows = rows
-        pinned = flags.is_cuda
-        self.hosts = [torch.zeros(flags.shape, dtype=flags.dtype, pin_memory=pinned) for _ in range(self.HOSTS)]
-        self.views = [host_view(host) for host in self.hosts]
-        self.events: list = [None] * self.HOSTS
-        self.pending: dict = {}  # host buffer -> (the replay's call, its batch), copied and not read
-        self.next = 0
-        self.lost = 0
+        table = [rows.get(position, (0, 0)) for position in range(1, len(self.names) + 1)]
+        self._table.copy_(torch.tensor(table, dtype=torch.int64).view(-1, 2))
 
-    def replayed(self, call: tuple) -> None:
-        self.read()
-        index = self.next % self.HOSTS
-        self.next += 1
-        if index in self.pending:  # still on its way: the newer replay's flags matter more
-            del self.pending[index]
-            self.lost += 1
-        self.hosts[index].copy_(self.flags, non_blocking=True)
-        if self.flags.is_cuda:
-            event = self.events[index] = self.events[index] or torch.cuda.Event()
-            event.record()
-        self.pending[index] = (call, batches.current())
-        _unread.add(self)
-
-    def read(self, wait: bool = False) -> None:
-        """The copies that have landed (all, with `wait`: at exit), oldest first."""
-        for index in sorted(self.pending, key=lambda i: (i - self.next) % self.HOSTS):
-            event = self.events[index]
-            if event is not None and not event.query():
-                if not wait:
-                    return
-                event.synchronize()
-            call, batch = self.pending.pop(index)
-            self._named(self.views[index], call, batch)
-        _unread.discard(self)
-
-    def _named(self, host: memoryview, call: tuple, batch) -> None:
-        at = bytes(host[:MAX_GRAPH_CALLS]).find(1)
-        if at < 0:
-            return
-        position = at + 1
+    def flagged(self, call: tuple, batch: "batches.Batch | None", position: int, rows: int, bad_rows: tuple) -> None:
+        """The replay `call` whose summary said captured call `position` made
+        NaN/Inf, in `bad_rows` of its first output's `rows`: marked."""
         name = self.names[position - 1] if position <= len(self.names) else "?"
-        start, count = self.rows.get(position, (0, 0))
-        cells = bytes(host[start: start + count])
-        nan_flags.flagged(call, name, self.modules.get(position), batch, count, [row for row in range(count) if cells[row]],
+        nan_flags.flagged(call, name, self.modules.get(position), batch, rows, list(bad_rows),
                           **{GRAPH_FIRST_NONFINITE: f"{position}: {name}"})
-
-
-_unread: "weakref.WeakSet[NanCheck]" = weakref.WeakSet()  # graphs whose newest replay's flags are not read yet
 
 
 class Graph:
@@ -231,7 +222,9 @@ def captured_output(marks: dict, result: Any) -> None:
         return
     try:
         if capture.flags is None:
-            capture.flags = torch.zeros(MAX_GRAPH_CALLS + ROW_SLOTS, dtype=torch.bool, device=floats[0].device)
+            # Padded: the summary reads a slot's worth of rows from where the first flagged call's start.
+            capture.flags = torch.zeros(MAX_GRAPH_CALLS + ROW_SLOTS + WIDTH, dtype=torch.bool,
+                                        device=floats[0].device)
         capture.flags[position - 1] = torch.stack([(~tensor.isfinite()).any() for tensor in floats]).any()
         # Its first output's rows (a batch's requests', where the batch maps them), while the graph's slots last.
         count = floats[0].shape[0] if floats[0].dim() else 0
@@ -272,6 +265,12 @@ def _end(original: Callable) -> Callable:
     def capture_end(graph, *args, **kwargs):
         captures = getattr(_local, "captures", None)
         capture = captures[-1] if captures else None
+        check = None
+        if capture is not None and capture.flags is not None and not capture.nan_failed:
+            try:  # still captured: the summary's kernels join the graph
+                check = NanCheck(capture.flags, [name for name, _, _ in capture.calls], capture.modules)
+            except Exception as exc:
+                warn_failed_once("capturing the summary of a CUDA graph's NaN check", exc)
         try:
             result = original(graph, *args, **kwargs)
         finally:
@@ -280,9 +279,9 @@ def _end(original: Callable) -> Callable:
         if capture is not None:  # captured whole: its calls are the suspects of its replays
             try:
                 info = Graph(capture.graph_id)
-                if capture.flags is not None and not capture.nan_failed:
-                    info.nan = NanCheck(capture.flags, [name for name, _, _ in capture.calls], capture.modules,
-                                        capture.rows)
+                if check is not None:
+                    check.fill(capture.rows)
+                    info.nan = check
                 _keep(graph, info)
                 captured_calls[capture.graph_id] = len(capture.calls) + capture.left_out
                 writer = current_writer()
@@ -339,12 +338,9 @@ def _after(args: tuple, call: "tuple | None", result: Any):
         return None
     info = _graph_of(args[0] if args else None)
     if info is not None and info.nan is not None and _checks["nan"]:
-        try:
-            info.nan.replayed(call)
-        except Exception as exc:
-            if is_device_error(exc):  # reading the previous replay's flags met a device error
-                return None, exc
-            warn_failed_once("checking a CUDA graph replay's NaN flags", exc)
+        error = nan_flags.replayed(info.nan, call)
+        if error is not None:
+            return None, error
     if info is None or not info.outputs or not _checks["outputs"]:
         return None
     try:
@@ -381,20 +377,8 @@ def pending() -> bool:
 
 
 def healthy() -> None:
-    """The recorder synchronised and saw no device error: no replay before is
-    a suspect, and the NaN flags of the replays before are ready to read."""
+    """The recorder synchronised and saw no device error: no replay before is a suspect."""
     _replays[0] = None
-    _read_flags()
-
-
-def _read_flags(wait: bool = False) -> None:
-    """The NaN flags of the graphs' replays whose copies have landed (at a
-    synchronisation, at a step's end; at exit, with `wait`, every one)."""
-    for check in list(_unread):
-        try:
-            check.read(wait)
-        except Exception as exc:
-            warn_failed_once("reading a CUDA graph's NaN flags", exc)
 
 
 def watch_graph_outputs(graph: Any, outputs: Any) -> None:
@@ -451,6 +435,5 @@ def follow_config(cfg: "_config.KernelTraceConfig") -> None:
 
 
 decorator.watch_graphs(sys.modules[__name__])
-nan_flags.at_step_end(_read_flags)  # and at exit, waiting: the last replay's too
 _config.on_change(follow_config)
 follow_config(_config.get_config())

@@ -10,7 +10,7 @@ of a step (a batch's end; every COPY_EVERY calls without one; at exit) the
 slots written since the last are copied without blocking into the pages
 of `<trace file>.nanflags` (record/flag_file.py), mapped shared (on CUDA
 registered with the driver, so the copy is a DMA into the file's pages),
-then the call number of the newest of them (a device scalar copied behind
+then the order of the newest of them (a device scalar copied behind
 them: the file's confirmation), and the device slots are reset to
 "finite". The host reads a copy only once it has landed (an event polled,
 never waited on), outside any recorded call, and writes the first call of
@@ -19,10 +19,14 @@ with the requests owning its flagged rows where its batch maps rows to
 requests. A crash loses at most the calls since the last step's end;
 `report` reads the rest from the file (record/reader.py).
 
-One device a process (the first flagged output's); outputs on another, and
-calls made while a CUDA graph is captured (the graph NaN check's), are not
-flagged here. torch.compile tracing never reaches this (the decorator
-calls straight through).
+Calls captured into a CUDA graph are flagged by the graph's NaN check
+(capture/graphs.py), whose captured kernels reduce each replay's flags to
+one slot's worth, copied into this ring after the replay: a replay is a
+slot like a call, and survives a crash the same way. A tensor watched
+outside any call (`watch`: SGLang's logits) takes a slot too. One device a
+process (the first flagged output's); outputs on another are not
+flagged. torch.compile tracing never reaches this (the decorator calls
+straight through).
 """
 
 from __future__ import annotations
@@ -38,14 +42,14 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext
 
 from ..describe.guards import is_graph_capturing
-from ..describe.statistics import finite_rows
+from ..describe.statistics import finite_rows, is_device_error
 from ..describe.tensors import tensors_of
 from ..notices import warn_failed_once, warn_once
 from ..record import batches, processor
-from ..record.flag_file import NONFINITE_BYTE, FlagFile
+from ..record.flag_file import CALL, NONFINITE_BYTE, REPLAY, WATCH, FlagFile, decode_replay
 from ..record.setup import on_open
 from ..record.tracefile import nan_flags_path
-from ..record.spans import NAME_, add_attributes, call_context
+from ..record.spans import CALL_SEQ, NAME_, add_attributes, call_context
 from ..schema import (MODULE, NONFINITE, NONFINITE_CALL, NONFINITE_FLAG, NONFINITE_REQUESTS, NONFINITE_SPAN,
                       REQUEST_ID)
 
@@ -59,21 +63,23 @@ _MAX_FOUND = 8  # tensors of a result looked at
 
 class FlagRing:
     """This process's flags: the device ring, the mapped file the ring's
-    slots are copied into, and what each slot's call was."""
+    slots are copied into, and what each slot holds the flags of: a
+    recorded call's outputs, a CUDA graph's replay (reduced by the graph
+    itself: capture/graphs.py NanCheck), or a watched tensor."""
 
     def __init__(self, trace_path: "str | None") -> None:
         self.trace_path = trace_path
         self.file = self._file(trace_path)
         self.device: "torch.device | None" = None
-        self.made = 0  # calls flagged so far: the next one's slot is made % SLOTS
-        self.newest = 0  # the newest flagged call's number (what a copy confirms)
+        self.made = 0  # slots taken so far: the next one is made % SLOTS, its order made + 1
         self.watched: collections.deque = collections.deque()  # `made` of each watched tensor's slot, not read
-        self.copied = 0  # calls whose slots were copied
-        # slot -> (its call, its batch, its first output's rows, rows, seq, its module path or None,
-        # None or, for a watched tensor's, its marks' name and attributes and the span it was watched in)
-        self.calls: list = [None] * SLOTS
-        self.pending: collections.deque = collections.deque()  # (event or None, first call, end) copied, not read
-        self.lost = 0  # calls whose flags were dropped unread (the ring lapped them)
+        self.copied = 0  # slots copied
+        # slot -> (its kind, its call or replay, its batch, its first output's rows, rows flagged, its module
+        # path or None; for a REPLAY its NanCheck, for a WATCH its marks' name and attributes and the span
+        # it was watched in)
+        self.slots: list = [None] * SLOTS
+        self.pending: collections.deque = collections.deque()  # (event or None, first slot, end) copied, not read
+        self.lost = 0  # slots whose flags were dropped unread (the ring lapped them)
 
     @staticmethod
     def _file(trace_path: "str | None") -> FlagFile:
@@ -92,12 +98,13 @@ class FlagRing:
         """The ring on `device`, and the host side its copies land in."""
         self.device = device
         self.cuda = device.type == "cuda"
-        self.host = torch.frombuffer(self.file.flags, dtype=torch.bool).view(SLOTS, WIDTH)
+        self.host = torch.frombuffer(self.file.flags, dtype=torch.uint8).view(SLOTS, WIDTH)
         self.landed = self.file.flags  # where the host reads the copies
         self.confirmed = torch.frombuffer(self.file.header, dtype=torch.int64)[3:4]  # bytes 24..32
         self.buffer = torch.ones(SLOTS, WIDTH, dtype=torch.bool, device=device)
+        self.bytes = self.buffer.view(torch.uint8)  # copied as bytes: a replay's slot holds numbers
         if self.cuda:
-            self.seq = torch.zeros(1, dtype=torch.int64, device=device)
+            self.order = torch.zeros(1, dtype=torch.int64, device=device)
             self._register()
 
     def _register(self) -> None:
@@ -113,74 +120,84 @@ class FlagRing:
         except Exception as exc:
             warn_failed_once("registering the NaN flags file with the CUDA driver", exc,
                              "; its flags are copied into pinned memory, which a crash loses")
-            self.host = torch.ones(SLOTS, WIDTH, dtype=torch.bool, pin_memory=True)
+            self.host = torch.ones(SLOTS, WIDTH, dtype=torch.uint8, pin_memory=True)
             self.landed = host_view(self.host)
             self.confirmed = torch.zeros(1, dtype=torch.int64, pin_memory=True)
 
     def flag(self, call: "tuple | None", seq: int, result: Any, module: "str | None") -> None:
         """After a recorded call returned `result`: its flags queued on its device."""
         found = [tensor for tensor in tensors_of(result, _MAX_FOUND) if tensor.is_floating_point() and tensor.numel()]
-        if found:
-            self._put(found, (call, batches.current(), 0, 0, seq, module, None))
+        if found and self._device_of(found[0]):
+            self._rows(found, seq, CALL, call, module, None)
 
     def watch(self, tensor: torch.Tensor, name: str, marks: dict) -> None:
         """`tensor`'s rows flagged outside any recorded call (SGLang's logits
         before sampling): where they hold NaN/Inf, the requests owning them
         get a mark `name` with `marks`, whatever call came first."""
-        if tensor.is_floating_point() and tensor.numel() and \
-                self._put([tensor], (None, batches.current(), 0, 0, 0, None,
-                                     (name, marks, trace.get_current_span().get_span_context()))):
+        if tensor.is_floating_point() and tensor.numel() and self._device_of(tensor):
+            self._rows([tensor], 0, WATCH, None, None, (name, marks, trace.get_current_span().get_span_context()))
             self.watched.append(self.made - 1)
 
-    def _put(self, found: list, entry: tuple) -> bool:
-        """`found`'s flags into the next slot, `entry` what it was; False: on another device, not put."""
-        first = found[0]
+    def replayed(self, check: Any, call: tuple) -> None:
+        """After a CUDA graph's replay (`call`): the summary its captured
+        reductions wrote (`check.summary`, a slot's bytes) copied into the
+        next slot, on the device: one copy, nothing read."""
+        if not self._device_of(check.summary):
+            return
+        slot = self.made % SLOTS
+        self.bytes[slot].copy_(check.summary)
+        self._taken(slot, call[CALL_SEQ], 0, 0, REPLAY, (REPLAY, call, batches.current(), 0, 0, None, check))
+
+    def _device_of(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` is on the ring's device (the first one seen, which binds it)."""
         if self.device is None:
-            self._bind(first.device)
-        elif first.device != self.device:
-            return False
-        n = self.made
-        slot = n % SLOTS
+            self._bind(tensor.device)
+        return tensor.device == self.device
+
+    def _rows(self, found: list, seq: int, kind: int, call: "tuple | None", module: "str | None", extra) -> None:
+        """`found`'s flags into the next slot: a row each of the first (up
+        to ROW_CAP rows), one each of up to OTHER_CAP others."""
+        first = found[0]
+        slot = self.made % SLOTS
         leading = first.shape[0] if first.dim() else 0
         rows = leading if 0 < leading <= ROW_CAP else 1
         others = [tensor for tensor in found[1:1 + OTHER_CAP] if tensor.device == self.device]
         finite_rows(first, rows, self.buffer, slot, 0)
         for index, tensor in enumerate(others):
             finite_rows(tensor, 1, self.buffer, slot, rows + index)
-        seq = entry[4]
-        self.file.set_index(slot, seq, rows, len(others))  # a watched tensor's is 0: no call of the file's
-        self.calls[slot] = (entry[0], entry[1], leading, rows, seq, entry[5], entry[6])
-        if seq:
-            self.newest = seq
-        self.made = n + 1
+        self._taken(slot, seq, rows, len(others), kind, (kind, call, batches.current(), leading, rows, module, extra))
+
+    def _taken(self, slot: int, seq: int, rows: int, others: int, kind: int, entry: tuple) -> None:
+        self.made += 1
+        self.file.set_index(slot, seq, self.made, rows, others, kind)
+        self.slots[slot] = entry
         if self.made - self.copied >= COPY_EVERY:
             self.copy()
-        return True
 
     def copy(self) -> None:
         """The slots written since the last copy, copied into the file without
-        blocking, then reset; the newest call number behind them."""
+        blocking, then reset; the newest one's order behind them."""
         start, end = self.copied, self.made
         if start == end:
             return
         for low, high in _ranges(start, end):
-            self.host[low:high].copy_(self.buffer[low:high], non_blocking=self.cuda)
+            self.host[low:high].copy_(self.bytes[low:high], non_blocking=self.cuda)
             self.buffer[low:high].fill_(True)
-        newest = self.newest
         if self.cuda:
-            self.seq.fill_(newest)
-            self.confirmed.copy_(self.seq, non_blocking=True)
+            self.order.fill_(end)
+            self.confirmed.copy_(self.order, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
         else:
-            self.file.confirm(newest)
+            self.file.confirm(end)
             event = None
         self.pending.append((event, start, end))
         self.copied = end
 
     def read(self, wait: bool = False) -> None:
         """The copies that have landed (all of them with `wait`, at exit):
-        the first flagged call of each, written into the trace file."""
+        the first flagged call or replay of each, written into the trace
+        file; each watched tensor's flagged rows, marked."""
         while self.pending:
             event, start, end = self.pending[0]
             if event is not None and not event.query():
@@ -191,7 +208,7 @@ class FlagRing:
             watched = []
             while self.watched and self.watched[0] < end:
                 watched.append(self.watched.popleft())
-            if self.made - start > SLOTS:  # its slots hold later calls now
+            if self.made - start > SLOTS:  # its slots hold later ones now
                 self.lost += end - start
                 continue
             self._first_flagged(start, end)
@@ -199,27 +216,34 @@ class FlagRing:
                 self._annotate(made % SLOTS)
 
     def _first_flagged(self, start: int, end: int) -> None:
-        """The first call of `start..end` whose flags say NaN/Inf, marked (watched tensors' slots aside)."""
+        """The first call or replay of `start..end` whose flags say NaN/Inf, marked (watched tensors' aside)."""
         for low, high in _ranges(start, end):
             cells = bytes(self.landed[low * WIDTH: high * WIDTH])  # host memory: no tensor is read
             at = cells.find(NONFINITE_BYTE)
             while at >= 0:
                 slot = low + at // WIDTH
-                if self.calls[slot][0] is not None:
-                    self._annotate(slot)
+                if self.slots[slot][0] != WATCH and self._annotate(slot):
                     return
                 at = cells.find(NONFINITE_BYTE, (slot - low + 1) * WIDTH)
 
-    def _annotate(self, slot: int) -> None:
-        call, batch, leading, rows, _, module, watched = self.calls[slot]
+    def _annotate(self, slot: int) -> bool:
+        """The flagged slot's call, replay or watched tensor marked; False: nothing flagged there."""
+        kind, call, batch, leading, rows, module, extra = self.slots[slot]
         cells = bytes(self.landed[slot * WIDTH: (slot + 1) * WIDTH])  # host memory: no tensor is read
-        if NONFINITE_BYTE not in cells or (call is None and watched is None):
-            return
+        if kind == REPLAY:
+            replay = decode_replay(cells)
+            if replay is None:
+                return False
+            extra.flagged(call, batch, *replay)
+            return True
+        if NONFINITE_BYTE not in cells:
+            return False
         bad = [row for row in range(rows) if cells[row] == NONFINITE_BYTE] if rows == leading else []
-        if watched is not None:
-            _watched(*watched, batch, leading, bad)
-        else:
+        if kind == WATCH:
+            _watched(*extra, batch, leading, bad)
+        elif call is not None:
             flagged(call, call[NAME_], module, batch, leading, bad)
+        return True
 
 
 def flagged(call: tuple, name: str, module: "str | None", batch: "batches.Batch | None", leading: int,
@@ -303,12 +327,6 @@ def host_view(tensor: torch.Tensor) -> memoryview:
 
 
 _ring: "FlagRing | None" = None
-_step_listeners: list = []  # what else reads flags at a step's end (the CUDA graphs' NaN check)
-
-
-def at_step_end(listener) -> None:
-    """`listener(wait)` is called at each step's end (and at exit, `wait` true) after the ring's reading."""
-    _step_listeners.append(listener)
 
 
 def _the_ring() -> FlagRing:
@@ -328,6 +346,25 @@ def flag(call: "tuple | None", seq: int, result: Any, extra: "dict | None") -> N
         _the_ring().flag(call, seq, result, extra.get(MODULE) if extra else None)
     except Exception as exc:
         warn_failed_once("queueing a kernel call's NaN flags", exc, "; the call goes on unflagged")
+
+
+def replayed(check: Any, call: tuple) -> "Exception | None":
+    """After a CUDA graph's replay `call` with the NaN check on (`check`,
+    capture/graphs.py NanCheck): its summary into the ring; with no batch
+    open (no step's end to wait for), copied and read at once, as far as
+    the copies have landed. A device error met meanwhile (an earlier
+    replay's kernels') is returned, for the replay's span."""
+    try:
+        ring = _the_ring()
+        ring.replayed(check, call)
+        if batches.current() is None:
+            ring.copy()
+            ring.read()
+    except Exception as exc:
+        if is_device_error(exc):
+            return exc
+        warn_failed_once("queueing a CUDA graph replay's NaN flags", exc, "; the replay goes on unflagged")
+    return None
 
 
 def watch(tensor: torch.Tensor, name: str, marks: dict) -> None:
@@ -355,8 +392,6 @@ def step_ended(wait: bool = False) -> None:
             ring.read(wait)
         except Exception as exc:
             warn_failed_once("copying and reading the NaN flags", exc)
-    for listener in _step_listeners:
-        listener(wait)
 
 
 def _trace_file_opened(path: str) -> None:

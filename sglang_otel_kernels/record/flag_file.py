@@ -7,20 +7,35 @@ are copied without blocking into this file's pages, mapped shared, which
 outlive the process however it dies. The layout, little-endian:
 
     header (64 bytes)  magic "SGLNANF1", version, slots, width, pid, the
-                       confirmed call number (at 24: the newest call whose
-                       flags are known to have landed), creation time (ns)
-    index              a slot each (16 bytes): the call number, the rows
-                       flagged of its first output, the other outputs
-                       flagged; written by the host when the call is made
-    flags              a slot each (`width` bytes): one a row of the first
-                       output, then one an other output: 1 all finite,
-                       0 non-finite; 1 where nothing was written
+                       confirmed order (at 24: the newest slot, by the
+                       order slots are taken in, whose flags are known to
+                       have landed), creation time (ns)
+    index              a slot each (24 bytes): the call number, the order
+                       it was taken in (from 1), the rows flagged of its
+                       first output, the other outputs flagged, its kind;
+                       written by the host when the slot is taken
+    flags              a slot each (`width` bytes)
 
-A slot's flags land at the step's end, its index at the call: a slot is
-trusted only when its call number is at most the confirmed one, which the
-copy itself writes after the flags (on the same stream), so a crash
-between the two never pairs a call with an earlier call's flags. What is
-lost to a crash is bounded by the calls since the last step's end.
+A slot's kind says what its flags are:
+
+    CALL    a recorded call: one flag a row of its first output, then one
+            an other output: 1 all finite, 0 non-finite; 1 where nothing
+            was written
+    REPLAY  a CUDA graph's replay (its call number packs the graph and the
+            replay), reduced on the device by the graph itself: byte 0 is
+            0 when a captured call made NaN/Inf; bytes 1-3 the first such
+            call's position in the graph, bytes 4-6 the rows of its first
+            output, each number in three digits of base 255, the least
+            first, each digit stored plus 1 (never 0, the non-finite
+            byte); then a flag a row of those, as many as the slot holds
+    WATCH   a tensor watched outside any call (SGLang's logits): not read
+            from the file
+
+A slot's flags land at the step's end, its index when it is taken: a slot is
+trusted only when its order is at most the confirmed one, which the copy
+itself writes after the flags (on the same stream), so a crash between the
+two never pairs a call with an earlier call's flags. What is lost to a
+crash is bounded by the calls since the last step's end.
 
 Every such file read is hostile input: a regular file only, its size
 bounded and agreeing with its header, each slot's counts within its width.
@@ -38,11 +53,15 @@ import time
 from .. import files
 
 MAGIC = b"SGLNANF1"
-VERSION = 1
-HEADER = struct.Struct("<8sIIIIQQ")  # magic, version, slots, width, pid, confirmed call, created ns
+VERSION = 2
+HEADER = struct.Struct("<8sIIIIQQ")  # magic, version, slots, width, pid, confirmed order, created ns
 HEADER_SIZE = 64
-CONFIRMED_AT = 24  # where the header keeps the confirmed call number (8-aligned: a device copy writes it)
-INDEX = struct.Struct("<QHHI")  # call number, rows, other outputs, reserved
+CONFIRMED_AT = 24  # where the header keeps the confirmed order (8-aligned: a device copy writes it)
+INDEX = struct.Struct("<QQHHHH")  # call number, order, rows, other outputs, kind, reserved
+CALL, REPLAY, WATCH = 0, 1, 2  # a slot's kinds
+DIGIT = 255  # a REPLAY slot's numbers: REPLAY_DIGITS digits of base DIGIT, each stored plus 1
+REPLAY_DIGITS = 3
+REPLAY_HEAD = 1 + 2 * REPLAY_DIGITS  # a REPLAY slot's bytes before its rows' flags: the flag, two numbers
 MAX_SLOTS = 1 << 16
 MAX_WIDTH = 1 << 12
 MAX_SIZE = HEADER_SIZE + MAX_SLOTS * (INDEX.size + MAX_WIDTH)
@@ -86,33 +105,50 @@ class FlagFile:
         HEADER.pack_into(self.mapping, 0, MAGIC, VERSION, slots, width, os.getpid(), 0, time.time_ns())
         self.header = view[:HEADER_SIZE]
 
-    def set_index(self, slot: int, seq: int, rows: int, others: int, _pack=INDEX.pack_into) -> None:
-        _pack(self.index, slot * INDEX.size, seq, rows, others, 0)
+    def set_index(self, slot: int, seq: int, order: int, rows: int, others: int, kind: int,
+                  _pack=INDEX.pack_into) -> None:
+        _pack(self.index, slot * INDEX.size, seq, order, rows, others, kind, 0)
 
-    def confirm(self, seq: int) -> None:
-        """The flags of calls up to `seq` are in the file (a copy the host made itself)."""
-        struct.pack_into("<Q", self.mapping, CONFIRMED_AT, seq)
+    def confirm(self, order: int) -> None:
+        """The flags of slots taken up to `order` are in the file (a copy the host made itself)."""
+        struct.pack_into("<Q", self.mapping, CONFIRMED_AT, order)
+
+
+def decode_replay(cells: bytes) -> "tuple[int, int, tuple] | None":
+    """A REPLAY slot's `cells`: (the position of the first captured call that
+    made NaN/Inf, its first output's rows, the flagged ones among those the
+    slot holds); None when none did or the slot is not one."""
+    if len(cells) < REPLAY_HEAD or cells[0] != NONFINITE_BYTE or 0 in cells[1:REPLAY_HEAD]:
+        return None
+    position, rows = (sum((digit - 1) * DIGIT ** power for power, digit in enumerate(cells[at:at + REPLAY_DIGITS]))
+                      for at in (1, 1 + REPLAY_DIGITS))
+    if position < 1:
+        return None
+    flags = cells[REPLAY_HEAD: REPLAY_HEAD + rows]
+    return position, rows, tuple(row for row, flag in enumerate(flags) if flag == NONFINITE_BYTE)
 
 
 @dataclasses.dataclass
 class Flagged:
-    """A call whose flags say it made NaN/Inf: its call number, the rows of
-    its first output flagged (of `rows` it had flagged per row), whether an
-    other output was."""
+    """A slot whose flags say NaN/Inf: its call number, the rows of its first
+    output flagged (of `rows` it had flagged per row), whether an other
+    output was; for a CUDA graph's replay, the position of the captured
+    call that made it (`position`, 0 for a call)."""
 
     seq: int
     rows: int
     bad_rows: tuple
     other_output: bool
+    position: int = 0
 
 
 @dataclasses.dataclass
 class FlagFileContents:
     path: str
     pid: int
-    confirmed: int  # the newest call whose flags are known to have landed
-    flagged: list  # Flagged, by call number
-    unconfirmed: int  # calls recorded after `confirmed`: their flags may not have landed
+    confirmed: int  # the order of the newest slot whose flags are known to have landed
+    flagged: list  # Flagged, in the order their slots were taken
+    unconfirmed: int  # slots taken after `confirmed`: their flags may not have landed
     problems: list
 
 
@@ -138,20 +174,28 @@ def read_flag_file(path: str) -> "FlagFileContents | None":
         return FlagFileContents(path, pid, 0, [], 0, [f"{path}: not a NaN flags file of this version"])
     flags_at = HEADER_SIZE + slots * INDEX.size
     flagged, unconfirmed, problems = [], 0, []
+    ordered = []
     for slot in range(slots):
-        seq, rows, others, _ = INDEX.unpack_from(data, HEADER_SIZE + slot * INDEX.size)
-        if seq == 0:
+        seq, order, rows, others, kind, _ = INDEX.unpack_from(data, HEADER_SIZE + slot * INDEX.size)
+        if order == 0 or kind == WATCH:
             continue
-        if seq > confirmed:
+        if order > confirmed:
             unconfirmed += 1
             continue
-        if rows + others > width:
-            problems.append(f"{path}: slot {slot} counts {rows + others} flags in {width} bytes; ignored")
+        cells = data[flags_at + slot * width: flags_at + (slot + 1) * width]
+        if kind == REPLAY:
+            replay = decode_replay(cells)
+            if replay is not None:
+                ordered.append((order, Flagged(seq, replay[1], replay[2], False, replay[0])))
             continue
-        cells = data[flags_at + slot * width: flags_at + slot * width + rows + others]
+        if kind != CALL or rows + others > width:
+            problems.append(f"{path}: slot {slot} is of kind {kind} with {rows + others} flags in {width} bytes; "
+                            "ignored")
+            continue
+        cells = cells[:rows + others]
         if NONFINITE_BYTE not in cells:
             continue
         bad = tuple(row for row in range(rows) if cells[row] == NONFINITE_BYTE)
-        flagged.append(Flagged(seq, rows, bad, NONFINITE_BYTE in cells[rows:]))
-    flagged.sort(key=lambda item: item.seq)
-    return FlagFileContents(path, pid, confirmed, flagged, unconfirmed, problems)
+        ordered.append((order, Flagged(seq, rows, bad, NONFINITE_BYTE in cells[rows:])))
+    ordered.sort(key=lambda item: item[0])  # the order slots were taken in: calls and replays alike
+    return FlagFileContents(path, pid, confirmed, [item for _, item in ordered], unconfirmed, problems)

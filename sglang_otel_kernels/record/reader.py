@@ -33,8 +33,8 @@ from .._version import __version__
 from . import tracefile as fmt
 from .flag_file import read_flag_file
 from ..schema import (BATCH_REQUEST_IDS, BLACKBOX, COLLECTIVE_FIELDS, DEATH_SPAN, FATAL_SIGNAL, GRAPH_CALLS,
-                      GRAPH_CAPTURED, GRAPH_ID, GRAPH_REPLAY, IN_FLIGHT, LEVEL, NAME, NONFINITE, NONFINITE_FLAG,
-                      NONFINITE_REQUESTS, SEQ, TRACER_NAME)
+                      GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_REPLAY, IN_FLIGHT, LEVEL, NAME, NONFINITE,
+                      NONFINITE_FLAG, NONFINITE_REQUESTS, SEQ, TRACER_NAME)
 from ..text import utf8
 
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
@@ -135,11 +135,13 @@ def read_trace_file(path: str | os.PathLike) -> TraceFileContents:
 
 def merge_nan_flags(contents: TraceFileContents) -> None:
     """The NaN flags a process left beside its trace file (record/flag_file.py)
-    on the calls they name: the first flagged call under each parent (a
-    step's batch) is marked `nonfinite_flag`, as the live reading marks it,
-    with the requests of its flagged rows where they are its batch's
-    requests one a row. What a crash kept of the flags, read from the file
-    alone; a file of another process is a problem, never read."""
+    on the calls and CUDA graph replays they name: the first flagged one
+    under each parent (a step's batch) is marked `nonfinite_flag`, as the
+    live reading marks it (a replay with its first flagged captured call,
+    named from the graph's call list), with the requests of its flagged rows
+    where they are its batch's requests one a row. What a crash kept of the
+    flags, read from the file alone; a file of another process is a
+    problem, never read."""
     found = read_flag_file(fmt.nan_flags_path(contents.path))
     if found is None:
         return
@@ -149,23 +151,43 @@ def merge_nan_flags(contents: TraceFileContents) -> None:
         contents.problems.append(f"{found.path}: written by pid {found.pid}, not by this file's {pid}; not read")
         return
     if found.unconfirmed and not contents.exited:
-        contents.problems.append(f"the NaN flags of {found.unconfirmed} call(s) after call {found.confirmed} had not "
-                                 "landed when the process ended (the calls since its last step's end)")
+        contents.problems.append(f"the NaN flags of the last {found.unconfirmed} call(s) and CUDA graph replay(s) had "
+                                 "not landed when the process ended (those since its last step's end)")
     if not found.flagged:
         return
-    calls = {span.attributes.get(SEQ): span for span in contents.spans if NAME in span.attributes}
-    marked = {span.parent_span_id for span in calls.values() if span.attributes.get(NONFINITE_FLAG) is True}
+    calls, replays = {}, {}
+    for span in contents.spans:
+        if GRAPH_REPLAY in span.attributes:
+            replays[(span.attributes.get(GRAPH_ID), span.attributes[GRAPH_REPLAY])] = span
+        elif NAME in span.attributes:
+            calls[span.attributes.get(SEQ)] = span
+    marked = {span.parent_span_id for span in (*calls.values(), *replays.values())
+              if span.attributes.get(NONFINITE_FLAG) is True}
     by_id = {span.span_id: span for span in contents.spans}
     for flagged in found.flagged:
-        span = calls.get(flagged.seq)
+        if flagged.position:
+            fields = fmt.replay_fields(flagged.seq)
+            span = replays.get((fields[GRAPH_ID], fields[GRAPH_REPLAY]))
+        else:
+            span = calls.get(flagged.seq)
         if span is None or span.parent_span_id in marked:
             continue
         marked.add(span.parent_span_id)
         span.attributes.update({NONFINITE_FLAG: True, NONFINITE: ("output",)})
+        if flagged.position:
+            span.attributes[GRAPH_FIRST_NONFINITE] = f"{flagged.position}: " + _captured_name(
+                contents.graphs.get(span.attributes.get(GRAPH_ID)), flagged.position)
         batch = by_id.get(span.parent_span_id)
-        ids = batch.attributes.get(BATCH_REQUEST_IDS) if batch is not None else None
+        ids = span.attributes.get(BATCH_REQUEST_IDS) or (batch.attributes.get(BATCH_REQUEST_IDS) if batch else None)
         if isinstance(ids, (tuple, list)) and flagged.bad_rows and flagged.rows == len(ids):
             span.attributes[NONFINITE_REQUESTS] = tuple(str(ids[row]) for row in flagged.bad_rows)
+
+
+def _captured_name(graph: Any, position: int) -> str:
+    """The name of a graph's captured call at `position` (its GRAPH record's, validated when read), or "?"."""
+    calls = graph[0] if isinstance(graph, tuple) and graph else ()
+    name = calls[position - 1][0] if 0 < position <= len(calls) else None
+    return name if isinstance(name, str) else "?"
 
 
 def note_death(contents: TraceFileContents) -> None:
