@@ -24,7 +24,9 @@ are the newest, and run first):
              the kernel, the exception, the lane and the call or replay it ran in
   nan_check  a graph of 4 decorated layers whose third makes NaN in its second replay, with
              SGLANG_KERNEL_API_GRAPH_NAN_CHECK=1: that replay's span names "3: ..."; 1000 replays
-             timed with the check on and off
+             timed with the check on and off; and killed by SIGKILL before any replay's flags
+             were read: the report names it from the flags file (the graph's summary, copied
+             into the ring, then by DMA into the file)
   syncs      synchronisations per call, each row a fresh configuration saying what it runs (file only:
              the production path; an in-process exporter; the black box; the NaN flags, with their
              copy at a step's end) at levels 1, 3, 5, 10, in both
@@ -848,7 +850,11 @@ def coredump(directory: str) -> dict:
 
 
 CHILD_NAN_GRAPH = r"""
-import json, statistics, time, torch, sglang_otel_kernels as sok
+import json, os, signal, statistics, time, torch, sglang_otel_kernels as sok
+KILL = os.environ.get("NAN_GRAPH_KILL") == "1"
+if KILL:  # never read live: what the report names comes from the flags file the DMA wrote
+    from sglang_otel_kernels.capture import nan_flags
+    nan_flags.FlagRing._first_flagged = lambda self, start, end: None
 scale = torch.ones(1, device="cuda")
 layers = [sok.debug_kernel_api(op_name=f"sglang.custom_op.layer{i}")(
     (lambda x, w: torch.nn.functional.silu(x @ w) * scale) if i == 2 else (lambda x, w: torch.nn.functional.silu(x @ w)))
@@ -873,6 +879,8 @@ graph.replay()
 scale.fill_(1.0)
 graph.replay()
 torch.cuda.synchronize()
+if KILL:
+    os.kill(os.getpid(), signal.SIGKILL)
 samples = []
 for _ in range(5):
     torch.cuda.synchronize()
@@ -890,7 +898,8 @@ def nan_check(directory: str) -> dict:
     from sglang_otel_kernels import read_trace_file
 
     result: dict = {"claim": "the second replay's span names '3: sglang.custom_op.layer2'; the others none; the "
-                             "check's cost per replay (check on against off)"}
+                             "check's cost per replay (check on against off); killed by SIGKILL after the replays "
+                             "without reading their flags, the report names it from the flags file alone"}
     for check in ("0", "1"):
         path = os.path.join(directory, f"nan_graph_{check}.sgltrace")
         proc = child(CHILD_NAN_GRAPH, directory, SGLANG_KERNEL_API_LOGLEVEL="5", SGLANG_KERNEL_API_LOGDEST="off",
@@ -902,6 +911,17 @@ def nan_check(directory: str) -> dict:
         result[f"check {check}"] = {**json.loads(proc.stdout.strip().splitlines()[-1]),
                                     "first three replays": [s.attributes.get("sglang.cuda_graph.first_nonfinite")
                                                             for s in replays[:3]]}
+    path = os.path.join(directory, "nan_graph_killed.sgltrace")
+    proc = child(CHILD_NAN_GRAPH, directory, SGLANG_KERNEL_API_LOGLEVEL="5", SGLANG_KERNEL_API_LOGDEST="off",
+                 SGLANG_KERNEL_API_TRACEFILE=path, SGLANG_KERNEL_API_GRAPH_NAN_CHECK="1", NAN_GRAPH_KILL="1")
+    report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", path, "--json"],
+                            capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    try:
+        first = json.loads(report.stdout)["first_nonfinite_output"] or {}
+        result["check 1, killed"] = {"exit": proc.returncode, "seen by": first.get("nonfinite_seen_by"),
+                                     "named": (first.get("graph") or {}).get("first_nonfinite")}
+    except ValueError:
+        result["check 1, killed"] = f"FAILED: {report.stderr.strip()[-400:]} {proc.stderr.strip()[-400:]}"
     return result
 
 

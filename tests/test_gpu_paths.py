@@ -231,7 +231,7 @@ def test_each_syncs_row_is_a_whole_configuration_of_its_own_counted_in_both_orde
                                                                           "black box, NaN flags"]
     production = rows["level 1, file only"]["tracer_provider"]
     assert not production._active_span_processor._span_processors  # the trace file's is added when configured
-    for label in ("level 1, file only", "black box, level 3"):
+    for label in ("level 1, file only", "black box, level 3", "level 1, NaN flags, file only", "black box, NaN flags"):
         sok.configure(**rows[label])
         kernel = sok.debug_kernel_api(op_name=f"sync.{label}")(lambda t: t * 2)
         kernel(torch.ones(2))
@@ -239,7 +239,7 @@ def test_each_syncs_row_is_a_whole_configuration_of_its_own_counted_in_both_orde
         before = core.native.recorded() if core.native is not None else 0
         kernel(torch.ones(2))
         if core.native is not None:
-            assert core.native.recorded() - before == 1, label  # the production path: the compiled core's
+            assert core.native.recorded() - before == 1, label  # the production path (the flags' too): the core's
     sok.configure(level=0, trace_file="off")
     seen = []
     table = gpu_check.sync_table(["a", "b", "c"], lambda label: seen.append(label) or len(seen))

@@ -83,13 +83,12 @@ class _Runtime:
         # their arguments' metadata alone (no statistics, no dump): the
         # compiled core describes them.
         self.described_upto = -1 if self.bare_upto < 0 else 9 if cfg.blackbox else 4
-        # Each call's outputs flagged on their device after it returns (capture/nan_flags.py): by this path.
+        # Each call's outputs flagged on their device after it returns (capture/nan_flags.py), on either path.
         self.nan_flags = cfg.nan_flags
         if core.native is not None:  # the calls the compiled core records: those of the bare path, and these
-            native = not self.nan_flags
-            core.native.set_runtime(self.spans, self.bare_upto if native else -1,
-                                    self.spans.flags if self.spans is not None else 0,
-                                    self.described_upto if native else -1)
+            core.native.set_runtime(self.spans, self.bare_upto, self.spans.flags if self.spans is not None else 0,
+                                    self.described_upto)
+            core.native.set_flag_after(nan_flags.flag_native if self.nan_flags else None)
 
 
 _runtime = _Runtime(_config.get_config())

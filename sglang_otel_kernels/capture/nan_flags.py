@@ -348,6 +348,13 @@ def flag(call: "tuple | None", seq: int, result: Any, extra: "dict | None") -> N
         warn_failed_once("queueing a kernel call's NaN flags", exc, "; the call goes on unflagged")
 
 
+def flag_native(call: Any, seq: int, result: Any, wrapper: Any) -> None:
+    """`flag`, as the compiled core calls it after a call it recorded
+    returned (`wrapper`: the call's Python wrapper, which keeps the site's
+    own attributes)."""
+    flag(call, seq, result, getattr(wrapper, "_kernel_attributes", None))
+
+
 def replayed(check: Any, call: tuple) -> "Exception | None":
     """After a CUDA graph's replay `call` with the NaN check on (`check`,
     capture/graphs.py NanCheck): its summary into the ring; with no batch

@@ -249,6 +249,20 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
                          record.data, record.size) < 0)
             PyErr_WriteUnraisable(self->slow); /* never the kernel's result lost for its record */
         out_free(&record);
+        if (recording.flag_after != NULL && !kind_flags) { /* the NaN flags: its outputs' queued on their device */
+            PyObject *number = PyLong_FromUnsignedLongLong(seq);
+            PyObject *done = number != NULL ? PyObject_CallFunctionObjArgs(recording.flag_after, (PyObject *)call,
+                                                                            number, result, self->slow, NULL)
+                                            : NULL;
+            Py_XDECREF(number);
+            if (done == NULL) {
+                if (PyErr_ExceptionMatches(PyExc_Exception))
+                    PyErr_WriteUnraisable(self->slow); /* never the kernel's result lost for its flags */
+                else
+                    Py_CLEAR(result); /* KeyboardInterrupt and the like go to the caller, as in Python */
+            }
+            Py_XDECREF(done);
+        }
     }
     goto release;
 

@@ -8,6 +8,8 @@ static PyMethodDef module_methods[] = {
      "set_describer(Tensor, Parameter, {dtype: name}, torch.strided, attribute prefix, "
      "add_described(attributes, path, value), encode): what describing arguments reads."},
     {"set_capturing", set_capturing, METH_O, "How many CUDA graphs are being captured."},
+    {"set_flag_after", set_flag_after, METH_O,
+     "set_flag_after(callable or None): called (call, seq, result, wrapper) after each call this core recorded returned."},
     {"setup", setup, METH_VARARGS, "The Python objects the core reads (record/recording.py)."},
     {"seed", seed, METH_O, "Seeds the span and trace ids (32 bytes)."},
     {"set_batch", set_batch, METH_VARARGS,

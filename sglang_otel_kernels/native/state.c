@@ -22,6 +22,8 @@ static struct {
     PyObject *get_current;
     PyObject *parent_of;  /* spans._parent_of */
     PyObject *failed;     /* (site, call, exception) -> None: a call that raised */
+    PyObject *flag_after; /* (call, seq, result, wrapper) -> None after a call this core recorded returned, or
+                             NULL: the NaN flags (capture/nan_flags.py flag_native) */
     PyObject *compiler;   /* torch.compiler's namespace, whose _is_compiling_flag is read, or NULL */
     PyObject *is_compiling; /* else this is called */
     unsigned long long seq; /* call numbers */
@@ -172,6 +174,15 @@ static PyObject *set_runtime(PyObject *module, PyObject *args) {
     recording.bare_upto = spans == Py_None ? -1 : bare_upto;
     recording.described_upto = spans == Py_None ? -1 : described_upto;
     recording.span_flags = flags;
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_flag_after(PyObject *module, PyObject *arg) {
+    if (arg != Py_None && !PyCallable_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "set_flag_after takes a callable or None");
+        return NULL;
+    }
+    Py_XSETREF(recording.flag_after, arg == Py_None ? NULL : Py_NewRef(arg));
     Py_RETURN_NONE;
 }
 
