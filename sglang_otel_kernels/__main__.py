@@ -502,7 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
         "with their original trace and span ids, so they land inside their request traces; a batched\n"
         "call that failed, hung, died in flight or made NaN/Inf also goes, as a copy, into the trace\n"
         "of each request it hit. Spans the export sidecar already delivered to the same endpoint\n"
-        "(listed beside the file, FILE.delivered) are left out, and both counts are printed.",
+        "(listed beside the file, FILE.delivered) are left out, and both counts are printed; a call\n"
+        "whose NaN flags came after it was delivered (a crash left them in FILE.nanflags) still goes,\n"
+        "as copies, into the traces of its requests.",
         "0 the spans were sent; " + _EXIT_USAGE[:-1] + ", or a back end that cannot be reached.")
     replay.add_argument("paths", nargs="+", metavar="PATH",
                         help="trace files, OTLP JSON files, or directories of them")

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -310,3 +311,37 @@ def test_the_mark_reaches_jaeger_through_the_sidecar_searchable_by_its_tag(tmp_p
     finally:
         jaeger.close()
     assert int("a2" * 16, 16) in found and int("a1" * 16, 16) not in found and int("a3" * 16, 16) not in found
+
+
+def test_a_call_whose_flags_a_crash_left_reaches_its_requests_trace_through_replay(tmp_path):
+    """The sidecar delivered layer1's span as it ended (its flags unread:
+    the process was SIGKILLed a step later); `replay` after the crash,
+    which leaves out what the sidecar delivered, still sends its copy into
+    the trace of the request whose row it made NaN, flagged from the flags
+    file, and nothing into the others'."""
+    from otlp_receivers import GrpcReceiver
+
+    receiver = GrpcReceiver()
+    try:
+        script = model("kill").replace('members = [(None, f"r{index}") for index in range(4)]',
+                                       'members = [(f"00-{index + 1:032x}-{index + 1:016x}-01", f"r{index}") '
+                                       'for index in range(4)]')
+        env = {"SGLANG_KERNEL_API_NAN_FLAGS": "1", "SGLANG_KERNEL_API_LOGDEST": "off",
+               "SGLANG_KERNEL_API_TRACEFILE": "t.sgltrace", "SGLANG_KERNEL_API_LOGLEVEL": "1",
+               "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_INSECURE": "true"}
+        assert run_python(script, tmp_path, env=env).returncode == -signal.SIGKILL
+        receiver.wait_for(lambda got: any(s["name"] == "layer1" for s in got), timeout=60)
+        time.sleep(1)  # the sidecar sends what is left of the dead process
+        delivered = len(receiver.spans)
+        assert not any("sglang.kernel.copy_of" in s["attributes"] for s in receiver.spans)
+        replay = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "replay", "t.sgltrace", "--endpoint",
+                                 receiver.endpoint], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert replay.returncode == 0, replay.stderr
+        assert "1 copies into request traces" in replay.stdout, replay.stdout
+        receiver.wait_for(lambda got: any("sglang.kernel.copy_of" in s["attributes"] for s in got[delivered:]))
+        time.sleep(0.5)
+        [copy] = [s for s in receiver.spans[delivered:] if "sglang.kernel.copy_of" in s["attributes"]]
+    finally:
+        receiver.stop()
+    assert copy["name"] == "layer1" and copy["trace_id"] == 3  # r2's trace
+    assert copy["attributes"]["sglang.kernel.nonfinite_flag"] is True

@@ -101,6 +101,16 @@ def matters(attributes, error: bool) -> bool:
     return error or attributes.get(HUNG) is True or attributes.get(IN_FLIGHT) is True or output_flagged(attributes)
 
 
+def matters_for_its_flags_alone(attributes, error: bool) -> bool:
+    """Whether a kernel span matters only for its NaN flags, which are learnt
+    after its end (capture/nan_flags.py, or the reader from the flags file a
+    crash left): whoever delivered it as it ended copied it nowhere."""
+    if error or attributes.get(HUNG) is True or attributes.get(IN_FLIGHT) is True:
+        return False
+    return attributes.get(NONFINITE_FLAG) is True and not (attributes.get(HAS_NAN) is True
+                                                           or attributes.get(HAS_INF) is True)
+
+
 def targets(attributes, error: bool, requests: Sequence[Request]) -> list[Request]:
     """The requests of `requests` (tuples whose last item is the request id
     or None) a kernel span is copied to: all of them for a failure, a call in

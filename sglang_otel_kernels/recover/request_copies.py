@@ -83,15 +83,20 @@ def of_spans(spans: list[RecoveredSpan]) -> RequestTraces:
 def with_copies(spans: list[RecoveredSpan], leave_out: "set[int] | frozenset" = frozenset()) -> tuple[list, int]:
     """`spans`, less those whose id is in `leave_out`, each followed by its
     copies (a copy already among `spans`, from an archive, is not made
-    again); and how many copies were added."""
+    again); and how many copies were added. A span left out (the sidecar
+    delivered it, with its copies) that matters for its NaN flags alone
+    still gets its copies: those flags came after it was delivered (read
+    live a step later, or from the flags file a crash left), so the sidecar
+    copied it nowhere."""
     traces = of_spans(spans)
     present = {span.span_id for span in spans}
     out: list[RecoveredSpan] = []
     added = 0
     for span in spans:
-        if span.span_id in leave_out:
+        if span.span_id not in leave_out:
+            out.append(span)
+        elif not batches.matters_for_its_flags_alone(span.attributes, span.status_code == "ERROR"):
             continue
-        out.append(span)
         for copy in traces.copies(span):
             if copy.span_id not in present:
                 out.append(copy)
