@@ -291,6 +291,24 @@ def test_a_watched_tensors_rows_mark_their_requests_whichever_call_came_first_an
     assert call_mark["sglang.kernel.nonfinite_call"] == "layer1"
     assert call_mark["sglang.kernel.module"] == "model.layers.1.mlp"
     assert call_mark["sglang.kernel.nonfinite_requests"] == ["r1"]
+    # From the trace file alone: the first call the flags saw, and every request sampled from NaN/Inf logits.
+    status, first, found = first_nonfinite(tmp_path)
+    assert status == 3 and first["name"] == "layer1" and found["verdict"]["kind"] == "nonfinite"
+    assert [mark["request_id"] for mark in found["nonfinite_logits"]] == ["r0", "r1", "r2"]
+    text = report("t.sgltrace", cwd=tmp_path).stdout
+    assert "Requests sampled from logits holding NaN/Inf (3; " in text and "  request r2  (" in text, text
+
+
+def test_logits_held_nan_that_no_recorded_call_made_is_the_verdict_itself(tmp_path):
+    """NaN that no recorded call's flags saw first (an op the recorder does
+    not wrap) still reaches the logits: the report's verdict says which
+    requests were sampled from them, exit status 3."""
+    proc = run_python(WATCHED.replace("step == 1)", "False)"), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    status, first, found = first_nonfinite(tmp_path)
+    assert status == 3 and first is None
+    assert found["verdict"]["headline"].startswith("requests r0, r1, r2 were sampled from logits holding NaN/Inf, "
+                                                   "and no recorded call's NaN flags saw it first (pid "), found["verdict"]
 
 
 def test_the_mark_reaches_jaeger_through_the_sidecar_searchable_by_its_tag(tmp_path):

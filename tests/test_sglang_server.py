@@ -490,9 +490,11 @@ def test_poisoned_layer_named_by_the_nan_flags_at_level_1(sglang_python, models,
     assert text.returncode == 3, text.stdout + text.stderr
     assert text.stdout.startswith(f"the NaN flags saw the first NaN/Inf come out of {LINEAR}, module {POISONED}, "
                                   "in the rows of request nan-1 (rank 0, "), text.stdout
-    nonfinite = json.loads(report("--json", path).stdout)["first_nonfinite_output"]
+    document = json.loads(report("--json", path).stdout)
+    nonfinite = document["first_nonfinite_output"]
     assert nonfinite["nonfinite_seen_by"] == "flags" and nonfinite["module"] == POISONED
     assert nonfinite["requests"]["request_ids"] == ["nan-1"] and nonfinite["outputs"] == {}
+    assert {mark["request_id"] for mark in document["nonfinite_logits"]} == {"nan-1"}
 
 
 def test_sigkill_mid_request_with_sglangs_own_tracing_reaches_jaeger_and_pages(sglang_python, models, backends,

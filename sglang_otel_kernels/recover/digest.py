@@ -20,13 +20,14 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
 from ..schema import (COLLECTIVE_GROUP, COLLECTIVE_OP, COLLECTIVE_PEER, COPY_OF, EXCEPTION_SPAN, GRAPH_REPLAY, NAME,
-                      NONFINITE_FLAG, STOP_SPAN)
+                      NONFINITE_FLAG, NONFINITE_LOGITS, STOP_SPAN)
 from .batch_failures import is_batch
 from .otlp_json import exported_ending, without_answered_snapshots
 from ..record.reader import RecoveredSpan, TraceFileContents, TraceFileError
 
 NEWEST_PER_THREAD = 200  # kernel calls of each thread (and of each process) a timeline draws
 NEWEST_COLLECTIVES = 4096  # of each group (and point-to-point pair): enough to line ranks up and compare them
+FIRST_LOGITS_MARKS = 64  # the NaN flags' marks of requests sampled from non-finite logits kept, the first
 _ANCESTRY = 64  # parent hops kept above a shown call (its batch, its request)
 
 # The process's own spans a report reads: why it was told to stop, the exceptions no code caught.
@@ -55,6 +56,7 @@ def digest(contents: TraceFileContents, last: int = 10) -> Digest:
     by_thread: dict = {}
     by_group: dict = {}
     first_bad = newest_replay = None
+    logits = 0
     # A copy in a request trace (an archive holds them) repeats a call: each call counts once.
     contents = dataclasses.replace(contents, spans=[span for span in contents.spans if COPY_OF not in span.attributes])
     for span in contents.spans:
@@ -62,6 +64,9 @@ def digest(contents: TraceFileContents, last: int = 10) -> Digest:
         if NAME not in attributes:
             if span.in_flight or (span.status_code == "ERROR" and is_batch(span)) or span.name in PROCESS_SPANS:
                 keep.add(span.span_id)
+            elif attributes.get(NONFINITE_LOGITS) is True and logits < FIRST_LOGITS_MARKS:
+                keep.add(span.span_id)
+                logits += 1
             continue
         row = summary.get(span.name)
         if row is None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..config import DEFAULT_HANG_SECONDS
 from ..record.tracefile import traceback_path
-from ..schema import COLLECTIVE_OP, NAME
+from ..schema import COLLECTIVE_OP, NAME, NONFINITE_LOGITS, REQUEST_ID
 from .batch_failures import (after_failure, after_failure_text, batch_summary, frames_text, is_batch, requests_text,
                              uncaught, uncaught_sentence)
 from .calls import TENSOR_FIELDS, call_summary, process_of, replay_at_death
@@ -44,7 +44,7 @@ GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON an
 
 # The version of `report --json`'s document (docs/report-json.md): raised
 # with each change a reader of the JSON must know of, with the package's.
-REPORT_SCHEMA = 8
+REPORT_SCHEMA = 9
 
 
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
@@ -64,6 +64,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
     by_id = {span.span_id: span for content in contents for span in content.spans}
     # Only what is shown is sorted across files.
     in_flight_spans, failed_spans, ended, other_in_flight, nonfinite, failed_batches = [], [], [], [], [], []
+    logits: list[dict] = []  # requests sampled from non-finite logits (the NaN flags' marks), first first
     summary: dict[str, list] = {}  # name -> [calls, errors, in flight, total ns]
     for item in digests:
         content = item.contents
@@ -75,6 +76,10 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
                     other_in_flight.append((span, content))
                 elif span.status_code == "ERROR" and is_batch(span):
                     failed_batches.append((span, content))
+                elif span.attributes.get(NONFINITE_LOGITS) is True:
+                    logits.append(dict(request_id=str(span.attributes.get(REQUEST_ID)), **process_of(content),
+                                       time=timestamp(span.start_time), time_unix_nano=span.start_time,
+                                       trace_id=f"{span.trace_id:032x}"))
             elif span.in_flight:
                 in_flight_spans.append((span, content))
             else:
@@ -125,6 +130,7 @@ def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
         "batches_at_death": batches_at_death,
         "last_calls": [call_summary(s, by_id, f, now) for s, f in ended[-last:]] if last > 0 else [],
         "first_nonfinite_output": None if first_bad is None else call_summary(first_bad[0], by_id, first_bad[1], now),
+        "nonfinite_logits": sorted(logits, key=lambda mark: mark["time_unix_nano"]),
         "tracebacks": tracebacks,
         "summary": {name: {"calls": calls, "errors": errors, "in_flight": running, "total_us": round(total / 1000, 1)}
                     for name, (calls, errors, running, total) in sorted(summary.items())},
@@ -383,6 +389,12 @@ def render_text(report: dict[str, Any]) -> str:
         out += ["", "First call whose NaN flags saw NaN/Inf:" if first.get("nonfinite_seen_by") == "flags" else
                 "First call that produced NaN/Inf from finite inputs:"]
         out.extend(call_lines(report["first_nonfinite_output"]))
+    if report["nonfinite_logits"]:
+        marks = report["nonfinite_logits"]
+        out += ["", f"Requests sampled from logits holding NaN/Inf ({len(marks)}; SGLang's sampler, the NaN flags; "
+                    "with SGLANG_SANITIZE_NAN_LOGITS served as if healthy):"]
+        out += [f"  {mark['time']}  request {mark['request_id']}  ({process_text(mark)}; trace {mark['trace_id']})"
+                for mark in marks]
     if report["last_calls"]:
         out += ["", f"Last {len(report['last_calls'])} completed calls:"]
         several = len(report["files"]) > 1

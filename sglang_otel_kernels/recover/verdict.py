@@ -138,6 +138,12 @@ def _first(report: dict[str, Any]) -> "tuple[str, str, str | None]":
     if report["first_nonfinite_output"]:
         call = report["first_nonfinite_output"]
         return "nonfinite", nonfinite_sentence(call), call["file"]
+    if report.get("nonfinite_logits"):  # no recorded call's flags went first: the NaN came from outside them
+        marks = report["nonfinite_logits"]
+        ids = list(dict.fromkeys(mark["request_id"] for mark in marks))
+        return ("nonfinite", f"{requests_text(ids)} {'were' if len(ids) > 1 else 'was'} sampled from logits holding "
+                             f"NaN/Inf, and no recorded call's NaN flags saw it first ({process_text(marks[0])})",
+                marks[0]["file"])
     slow = [call for call in report["in_flight"] if not call["in_flight_in_dead_process"] and call["rank"] is None
             and (call.get("seconds") or 0) >= report.get("hang_seconds", float("inf"))]
     if slow:  # a process with no rank (a rank's is its job's suspect), in a call past the threshold
