@@ -281,7 +281,7 @@ def test_gpu_check_dry_run_runs_decode_syncs_and_provenance_on_stand_ins_with_ev
             assert {"added_host_us_a_call", "added_wall_of_a_step"} <= set(figure)
     assert decode["level 0"]["recorded_by_the_compiled_core"] == 0
     if core.native is not None:  # the production modes' calls recorded in C (0 would mean Python ran them)
-        for label in ("level 1", "black box", "black box, /dev/shm"):
+        for label in ("level 1", "black box", "black box, /dev/shm", "NaN flags, level 1", "NaN flags, black box"):
             assert decode[label]["recorded_by_the_compiled_core"] >= 32 * 80, label
     syncs = sections["syncs"]
     assert syncs["status"] == "ran" and syncs["bare kernel"] == 0
@@ -294,7 +294,7 @@ def test_gpu_check_dry_run_runs_decode_syncs_and_provenance_on_stand_ins_with_ev
         for order in ("forward", "reversed"):
             row = syncs[label][order]
             assert row["call"] == row["next call"] == row["step's end"] == 0, (label, order, row)
-    assert decode["NaN flags, level 1"]["recorded_by_the_compiled_core"] == 0  # the Python path, which flags
+            assert row["of 2 recorded by the compiled core"] == (2 if core.native is not None else 0)
     level5 = syncs["level 5, file only"]["forward"]["call"]
     assert level5["count"] > 0 and all("describe/statistics.py" in where for where in level5["where"])
     assert syncs["during capture"] == "not stood in: needs CUDA graphs"
