@@ -158,6 +158,25 @@ def test_the_flags_file_trusts_a_slot_only_once_its_copy_is_confirmed(tmp_path):
         FlagFile(path, 8, 12)
 
 
+def test_a_flags_files_damaged_slots_are_never_believed(tmp_path):
+    """Hostile slots: a replay's number with a 0 digit (not what the graph
+    writes), a replay naming position 0, a kind no writer has: none is a
+    flagged call, and an unknown kind is said."""
+    from sglang_otel_kernels.record.flag_file import REPLAY, FlagFile, read_flag_file
+
+    path = str(tmp_path / "f.nanflags")
+    written = FlagFile(path, 4, 12)
+    written.set_index(0, 7, 1, 0, 0, REPLAY)
+    written.flags[0:12] = bytes([0, 0, 2, 1, 2, 1, 1, 0, 0, 0, 0, 0])  # a 0 among the digits
+    written.set_index(1, 8, 2, 0, 0, REPLAY)
+    written.flags[12:24] = bytes([0, 1, 1, 1, 2, 1, 1, 0, 0, 0, 0, 0])  # position 0
+    written.set_index(2, 9, 3, 1, 0, 7)
+    written.flags[24:36] = bytes([0] * 12)
+    written.confirm(3)
+    found = read_flag_file(path)
+    assert found.flagged == [] and len(found.problems) == 1 and "kind 7" in found.problems[0]
+
+
 @pytest.mark.parametrize("content", [b"", b"SGLNANF1" + b"\0" * 10, b"x" * 200, None])
 def test_a_flags_file_that_is_not_one_is_a_problem_never_an_error(tmp_path, content):
     from sglang_otel_kernels.record.flag_file import HEADER, VERSION, FlagFile, read_flag_file
