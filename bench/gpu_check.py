@@ -189,8 +189,10 @@ def sync_rows(directory: str) -> dict:
             "level 3, in-process exporter": {"level": 3, "tracer_provider": with_exporter},
             "level 5, file only": {"level": 5}, "level 10, file only": {"level": 10},
             "level 1, NaN flags, file only": {"level": 1, "nan_flags": True},
-            "black box, NaN flags": {"level": 1, "blackbox": True, "nan_flags": True}}
-    return {label: {"log_dest": "off", "spans": True, "blackbox": False, "nan_flags": False, "export_sidecar": False,
+            "black box, NaN flags": {"level": 1, "blackbox": True, "nan_flags": True},
+            "level 1, NaN flags and inputs": {"level": 1, "nan_flags": True, "nan_flag_inputs": ("*",)}}
+    return {label: {"log_dest": "off", "spans": True, "blackbox": False, "nan_flags": False, "nan_flag_inputs": (),
+                    "export_sidecar": False,
                     "tracer_provider": file_only, "dump_dir": os.path.join(directory, "sync-dumps"),
                     "trace_file": os.path.join(directory, f"sync-{number}.sgltrace"), **settings}
             for number, (label, settings) in enumerate(rows.items())}
@@ -214,7 +216,7 @@ def syncs(directory: str) -> dict:
 
     x = torch.randn(4, 4096, device=device(), dtype=torch.bfloat16)
     result: dict = {"claim": "0 at levels 1 and 3 and in the black box, file only and with an in-process exporter, "
-                             "and with the NaN flags (their step's end too); "
+                             "and with the NaN flags, the inputs' too (their step's end too); "
                              "2 at level 5 (one per side); none during graph capture; each beside the bare kernel's "
                              "own count"}
 

@@ -9,7 +9,9 @@ trace file with no other span processor (what runs with sidecar export, or
 no export); the same with an application processor that takes every ended
 kernel span (a no-op one, so the cost is ours: building the finished span
 and handing it over); the text log and the trace file; the black box; the
-trace file and the black box with the NaN flags (SGLANG_KERNEL_API_NAN_FLAGS).
+trace file and the black box with the NaN flags (SGLANG_KERNEL_API_NAN_FLAGS),
+and the trace file with the kernel's arguments flagged too
+(SGLANG_KERNEL_API_NAN_FLAGS_INPUTS=*: its two tensors, before it runs).
 Each row's figure is the median over its repeats, and the table is measured
 `--rounds` times, row after row, each row reported as its median over the
 rounds: this machine slows down now and then for a few hundred
@@ -180,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                                         nan_flags=True)),
         ("black box + NaN flags", dict(log_dest="off", spans=True, trace_file=trace_path, blackbox=True,
                                        nan_flags=True)),
+        ("trace file + NaN inputs", dict(log_dest="off", spans=True, trace_file=trace_path, blackbox=False,
+                                         nan_flags=True, nan_flag_inputs=("*",))),
     ]
 
     def one_round() -> list[tuple[str, str, float]]:
@@ -189,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("level 0 (identity)", "0", run(sok.debug_kernel_api(kernel))))
         for label, settings in modes:
             for level in (1, 3, 5):
-                sok.configure(level=level, **{"tracer_provider": provider, "nan_flags": False, **settings})
+                sok.configure(level=level, **{"tracer_provider": provider, "nan_flags": False, "nan_flag_inputs": (),
+                                              **settings})
                 rows.append((label, str(level), run(sok.debug_kernel_api(kernel))))
                 # Keep the log from growing across runs.
                 if os.path.exists(log_path):

@@ -91,6 +91,13 @@ class KernelTraceConfig:
         end, and read there: the first call of a step that made NaN/Inf is
         annotated in the trace file with its requests (capture/nan_flags.py).
         Calls captured into a CUDA graph get the graph NaN check.
+    nan_flag_inputs: with nan_flags on, fnmatch patterns on the kernel name
+        ("*": every call): the tensor arguments of the calls they match are
+        flagged too, before the call runs (a flag an argument: a list or
+        tuple of tensors is one), so the first flagged call says whether
+        the NaN/Inf came in through an input or out of finite inputs. Each
+        such argument is read whole on its device: name ops whose inputs
+        are activations, not a KV cache pool.
     hang_seconds: a kernel call in flight longer than this is exported by
         the sidecar while the process still runs, marked hung; a thread
         that recorded calls and then none for this long gets its Python
@@ -123,6 +130,7 @@ class KernelTraceConfig:
     graph_output_check: bool = False
     graph_nan_check: bool = False
     nan_flags: bool = False
+    nan_flag_inputs: tuple = ()
     hang_seconds: float = DEFAULT_HANG_SECONDS
     cuda_coredump: bool = False
 
@@ -265,6 +273,7 @@ def config_from_env(environ: Mapping[str, str] = os.environ) -> KernelTraceConfi
         graph_output_check=_from_env(environ, "SGLANG_KERNEL_API_GRAPH_OUTPUT_CHECK", parse_flag, False),
         graph_nan_check=_from_env(environ, "SGLANG_KERNEL_API_GRAPH_NAN_CHECK", parse_flag, False),
         nan_flags=_from_env(environ, "SGLANG_KERNEL_API_NAN_FLAGS", parse_flag, False),
+        nan_flag_inputs=parse_patterns(environ.get("SGLANG_KERNEL_API_NAN_FLAGS_INPUTS", "")),
         hang_seconds=_from_env(environ, "SGLANG_KERNEL_API_HANG_SECONDS", parse_seconds, DEFAULT_HANG_SECONDS),
         cuda_coredump=_from_env(environ, "SGLANG_KERNEL_API_CUDA_COREDUMP", parse_flag, False),
     )
@@ -314,6 +323,7 @@ def configure(
     graph_output_check: bool | None = None,
     graph_nan_check: bool | None = None,
     nan_flags: bool | None = None,
+    nan_flag_inputs: "tuple[str, ...] | list[str] | None" = None,
     hang_seconds: float | None = None,
     cuda_coredump: bool | None = None,
 ) -> KernelTraceConfig:
@@ -362,7 +372,8 @@ def configure(
         if not isinstance(dump_dir, str) or not dump_dir.strip():
             raise ValueError(f"dump_dir must be a path; got {dump_dir!r}")
         changes["dump_dir"] = dump_dir.strip()
-    for name, patterns in (("dump_include", dump_include), ("dump_exclude", dump_exclude)):
+    for name, patterns in (("dump_include", dump_include), ("dump_exclude", dump_exclude),
+                           ("nan_flag_inputs", nan_flag_inputs)):
         if patterns is not None:
             if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
                 raise ValueError(f"{name} must be a list of fnmatch patterns; got {patterns!r}")

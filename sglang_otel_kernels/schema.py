@@ -42,6 +42,10 @@ NONFINITE_REQUESTS = PREFIX + "nonfinite_requests"  # level 5 and the NaN flags:
 # said NaN/Inf (NaN and Inf are not told apart), written after its end, or by the reader from the
 # `.nanflags` file a crash left: true.
 NONFINITE_FLAG = PREFIX + "nonfinite_flag"
+# Beside it, where the call's arguments were flagged too (SGLANG_KERNEL_API_NAN_FLAGS_INPUTS): true; its
+# NONFINITE then names those that held NaN/Inf ("input.arg1") beside "output", as level 5 does: none named,
+# it made NaN/Inf out of finite inputs; one named, it came in from before the call.
+NONFINITE_INPUTS_CHECKED = PREFIX + "nonfinite_inputs_checked"
 # The NaN flags' mark of that call where back ends see it: a span of this name, a child of the flagged call,
 # and one in the trace of each request its flagged rows belong to (under `<batch>.request`), with
 # NONFINITE_FLAG, NONFINITE_CALL (the call's name) and NONFINITE_REQUESTS.

@@ -228,10 +228,13 @@ def test_each_syncs_row_is_a_whole_configuration_of_its_own_counted_in_both_orde
     assert [label for label, row in rows.items() if row["blackbox"]] == ["black box, level 1", "black box, level 3",
                                                                          "black box, NaN flags"]
     assert [label for label, row in rows.items() if row["nan_flags"]] == ["level 1, NaN flags, file only",
-                                                                          "black box, NaN flags"]
+                                                                          "black box, NaN flags",
+                                                                          "level 1, NaN flags and inputs"]
+    assert [label for label, row in rows.items() if row["nan_flag_inputs"]] == ["level 1, NaN flags and inputs"]
     production = rows["level 1, file only"]["tracer_provider"]
     assert not production._active_span_processor._span_processors  # the trace file's is added when configured
-    for label in ("level 1, file only", "black box, level 3", "level 1, NaN flags, file only", "black box, NaN flags"):
+    for label in ("level 1, file only", "black box, level 3", "level 1, NaN flags, file only", "black box, NaN flags",
+                  "level 1, NaN flags and inputs"):
         sok.configure(**rows[label])
         kernel = sok.debug_kernel_api(op_name=f"sync.{label}")(lambda t: t * 2)
         kernel(torch.ones(2))
@@ -290,7 +293,8 @@ def test_gpu_check_dry_run_runs_decode_syncs_and_provenance_on_stand_ins_with_ev
             row = syncs[label][order]
             assert row["call"] == 0 and row["next call"] == 0, (label, order, row)
             assert row["of 2 recorded by the compiled core"] == (2 if core.native is not None else 0)
-    for label in ("level 1, NaN flags, file only", "black box, NaN flags"):  # no host read, the step's end neither
+    for label in ("level 1, NaN flags, file only", "black box, NaN flags", "level 1, NaN flags and inputs"):
+        # No host read, the step's end neither.
         for order in ("forward", "reversed"):
             row = syncs[label][order]
             assert row["call"] == row["next call"] == row["step's end"] == 0, (label, order, row)

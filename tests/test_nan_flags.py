@@ -55,7 +55,9 @@ with host_reads(refuse=True) as reads:
 print(json.dumps(reads))
 """
 SETTINGS = {"level 1": {"SGLANG_KERNEL_API_LOGLEVEL": "1"}, "level 3": {"SGLANG_KERNEL_API_LOGLEVEL": "3"},
-            "black box": {"SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_BLACKBOX": "1"}}
+            "black box": {"SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_BLACKBOX": "1"},
+            # Every call's arguments flagged too, before it runs: layer1 made the NaN out of finite ones.
+            "inputs": {"SGLANG_KERNEL_API_LOGLEVEL": "1", "SGLANG_KERNEL_API_NAN_FLAGS_INPUTS": "*"}}
 
 
 def model(ending: str) -> str:
@@ -90,25 +92,99 @@ def test_no_recorded_call_reads_a_value_to_the_host_and_the_first_nan_is_named_w
     assert first["name"] == "layer1" and first["nonfinite_seen_by"] == "flags"
     assert first["requests"]["request_ids"] == ["r2"] and first["requests"]["nonfinite_rows"] is True
     assert first["requests"]["batch_request_ids"] == ["r0", "r1", "r2", "r3"]
+    inputs = setting == "inputs"
+    assert first["nonfinite_inputs"] == ([] if inputs else None) and first["nonfinite"] == ["output"]
     text = report("t.sgltrace", cwd=tmp_path).stdout
-    assert text.startswith("the NaN flags saw the first NaN/Inf come out of layer1, in the rows of request r2"), text
+    said = "come out of layer1 from finite inputs," if inputs else "come out of layer1,"
+    assert text.startswith(f"the NaN flags saw the first NaN/Inf {said} in the rows of request r2"), text
     assert "First call whose NaN flags saw NaN/Inf:\n  layer1" in text
+    assert ("its inputs' NaN flags: all finite: the NaN/Inf starts in this call" in text) is inputs
     # Marked as the live reading found it: in the trace file itself, the flags file aside.
     os.rename(tmp_path / "t.sgltrace.nanflags", tmp_path / "aside")
     assert first_nonfinite(tmp_path)[1]["name"] == "layer1"
 
 
+@pytest.mark.parametrize("setting", ["level 1", "inputs"])
 @pytest.mark.parametrize("ending", ["kill", "abort"])
-def test_a_process_that_dies_a_step_after_the_nan_has_it_named_from_the_flags_file(tmp_path, ending):
-    proc = run_model(tmp_path, ending, SETTINGS["level 1"])
+def test_a_process_that_dies_a_step_after_the_nan_has_it_named_from_the_flags_file(tmp_path, ending, setting):
+    proc = run_model(tmp_path, ending, SETTINGS[setting])
     assert proc.returncode == (-signal.SIGKILL if ending == "kill" else -signal.SIGABRT), proc.stderr
     status, first, found = first_nonfinite(tmp_path)
     assert found["crashed"] is (ending == "abort")  # aborted inside layer0's call; killed between steps
     assert first["name"] == "layer1" and first["nonfinite_seen_by"] == "flags"
     assert first["requests"]["request_ids"] == ["r2"]
+    assert first["nonfinite_inputs"] == ([] if setting == "inputs" else None)
     # From the flags file alone: the trace file does not say it.
     os.rename(tmp_path / "t.sgltrace.nanflags", tmp_path / "aside")
     assert first_nonfinite(tmp_path)[1] is None
+
+
+# A NaN no recorded call makes: written into a cache between steps (as a bad KV write or a NaN weight
+# would be), or handed in a list of tensors. The first call it goes into is named with the argument.
+FED = r"""
+import os, signal, sys, torch, sglang_otel_kernels as sok
+sys.path.insert(0, BENCH)
+from host_reads import host_reads
+from sglang_otel_kernels.capture import nan_flags
+if ENDING != "live":
+    nan_flags.FlagRing._first_flagged = lambda self, start, end: None
+
+@sok.debug_kernel_api(op_name="embed")
+def embed(x):
+    return x * 2
+
+@sok.debug_kernel_api(op_name="attn")
+def attn(x, cache, scale=1.0):
+    return x + cache.sum() * scale
+
+@sok.debug_kernel_api(op_name="mix")
+def mix(x, parts):
+    return x + parts[0] + parts[1]
+
+cache = torch.zeros(3, 4)
+members = [(None, f"r{index}") for index in range(4)]
+with host_reads(refuse=True):
+    for step in range(4):
+        if step == 2:
+            if POISON == "cache":
+                cache[1, 2] = float("nan")
+        with sok.forward_batch(members, name="decode"):
+            y = attn(embed(torch.ones(4, 8)), cache=cache)
+            mix(y, [torch.ones(8), torch.full((8,), float("inf") if POISON == "list" and step == 2 else 1.0)])
+        if step == 2 and ENDING == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("core", ["compiled", "python"])
+@pytest.mark.parametrize("case", [("cache", "live", "1", "input.cache"), ("cache", "kill", "3", "input.cache"),
+                                  ("cache", "kill", "1", "input.keyword0"), ("list", "live", "1", "input.arg1"),
+                                  ("list", "kill", "1", "input.arg1")], ids="-".join)
+def test_a_nan_that_came_in_through_an_argument_is_told_from_one_a_call_made(tmp_path, core, case):
+    """With SGLANG_KERNEL_API_NAN_FLAGS_INPUTS the first flagged call of the
+    step is the one the NaN went into, with the argument it came through:
+    live, and from the flags file alone after a SIGKILL (a keyword named
+    where its span lists the call's keywords, from level 3; its place among
+    them otherwise); a list of tensors is one argument."""
+    poison, ending, level, argument = case
+    script = FED.replace("BENCH", repr(BENCH)).replace("ENDING", repr(ending)).replace("POISON", repr(poison))
+    proc = run_python(script, tmp_path, env={
+        "SGLANG_KERNEL_API_NAN_FLAGS": "1", "SGLANG_KERNEL_API_NAN_FLAGS_INPUTS": "attn,mix",
+        "SGLANG_KERNEL_API_LOGLEVEL": level, "SGLANG_KERNEL_API_LOGDEST": "off",
+        "SGLANG_KERNEL_API_TRACEFILE": "t.sgltrace", "SGLANG_KERNEL_API_NATIVE": "1" if core == "compiled" else "0"})
+    assert proc.returncode == (-signal.SIGKILL if ending == "kill" else 0), proc.stderr
+    assert "failed" not in proc.stderr, proc.stderr
+    status, first, _ = first_nonfinite(tmp_path)
+    name = "attn" if poison == "cache" else "mix"
+    assert status == (3 if ending == "live" else 1)  # the death, where the process was killed, goes first
+    assert first["name"] == name and first["nonfinite_seen_by"] == "flags"
+    assert first["nonfinite_inputs"] == [argument] and first["nonfinite"] == [argument, "output"]
+    assert first["seq"] == 8 if poison == "cache" else 9  # step 2's, not a later step's
+    text = report("t.sgltrace", cwd=tmp_path).stdout
+    if ending == "live":
+        assert text.startswith(f"the NaN flags saw the first NaN/Inf go into {name} through {argument}, from before "
+                               "it, in the rows of requests r0, r1, r2, r3"), text
+    assert f"its inputs' NaN flags: NaN/Inf in {argument}: it came in from before this call" in text
 
 
 def test_an_earlier_runs_flags_go_where_its_trace_file_goes(tmp_path):
@@ -177,6 +253,37 @@ def test_a_flags_files_damaged_slots_are_never_believed(tmp_path):
     assert found.flagged == [] and len(found.problems) == 1 and "kind 7" in found.problems[0]
 
 
+def test_a_calls_arguments_slot_is_paired_with_its_outputs_and_counts_from_when_it_was_taken(tmp_path):
+    """INPUTS slots: one whose arguments were finite gives its call `inputs`
+    () and leaves its place; one that held NaN/Inf moves its call to the
+    arguments' order (before a call flagged between them); one whose call's
+    outputs said nothing is a call fed NaN/Inf with no output flagged; one
+    whose counts do not fit is a problem, never believed."""
+    from sglang_otel_kernels.record.flag_file import CALL, INPUTS, FlagFile, read_flag_file
+
+    path = str(tmp_path / "f.nanflags")
+    written = FlagFile(path, 8, 6)
+    written.set_index(0, 1, 1, 1, 2, INPUTS)  # call 1: one positional argument, one keyword: finite
+    written.set_index(1, 1, 2, 2, 0, CALL)
+    written.flags[6:12] = bytes([0, 1, 1, 1, 1, 1])
+    written.set_index(2, 2, 3, 2, 3, INPUTS)  # call 2: its keyword argument held NaN/Inf
+    written.flags[12:18] = bytes([1, 1, 0, 1, 1, 1])
+    written.set_index(3, 3, 4, 1, 0, CALL)  # call 3 ran inside call 2, and made NaN/Inf too
+    written.flags[18:24] = bytes([0, 1, 1, 1, 1, 1])
+    written.set_index(4, 2, 5, 1, 0, CALL)
+    written.flags[24:30] = bytes([0, 1, 1, 1, 1, 1])
+    written.set_index(5, 4, 6, 0, 1, INPUTS)  # call 4 was fed NaN/Inf; its outputs' flags said nothing
+    written.flags[30:36] = bytes([0, 1, 1, 1, 1, 1])
+    written.set_index(6, 4, 7, 1, 0, CALL)
+    written.set_index(7, 5, 8, 3, 2, INPUTS)  # more positional arguments than arguments
+    written.flags[42:48] = bytes([0] * 6)
+    written.confirm(8)
+    found = read_flag_file(path)
+    assert [(f.seq, f.inputs, f.positional, f.arguments, f.output) for f in found.flagged] == [
+        (1, (), 1, 2, True), (2, (2,), 2, 3, True), (3, None, 0, 0, True), (4, (0,), 0, 1, False)]
+    assert len(found.problems) == 1 and "slot 7 is of kind 3" in found.problems[0]
+
+
 @pytest.mark.parametrize("content", [b"", b"SGLNANF1" + b"\0" * 10, b"x" * 200, None])
 def test_a_flags_file_that_is_not_one_is_a_problem_never_an_error(tmp_path, content):
     from sglang_otel_kernels.record.flag_file import HEADER, VERSION, FlagFile, read_flag_file
@@ -229,7 +336,7 @@ def test_a_steps_end_while_a_cuda_graph_is_captured_copies_nothing(tmp_path, mon
 
     ring = nan_flags.FlagRing(str(tmp_path / "t.sgltrace"))
     monkeypatch.setattr(nan_flags, "_ring", ring)
-    ring.flag(None, 1, torch.ones(2, 3), None)
+    ring.flag(None, 1, torch.ones(2, 3), None, None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     nan_flags.step_ended()
     assert ring.copied == 0 and ring.made == 1

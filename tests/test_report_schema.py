@@ -47,13 +47,13 @@ def test_the_schema_is_strict_enough_to_catch_a_change():
     """A key the page does not document, or one of the wrong type, fails: the
     schema would tell a change of the JSON that did not raise its version."""
     document = {key: None for key in SCHEMA["required"]}
-    document.update(schema=9, cross_rank_jobs=[], files=[], crashed=False, running=False, in_flight=[],
+    document.update(schema=10, cross_rank_jobs=[], files=[], crashed=False, running=False, in_flight=[],
                     graph_replay_at_death=[], failed=[], last_calls=[], nonfinite_logits=[], tracebacks={}, summary={},
                     in_flight_other_spans=[], device_faults=[], skipped_processes=0, failed_batches=[],
                     batches_at_death=[], hang_seconds=60.0,
                     verdict={"kind": "clean", "headline": "no crash, no failure", "exit_status": 0, "file": None})
     check(document)
-    for changed in ({"new_key": 1}, {"crashed": "yes"}, {"schema": 8}, {"verdict": {"kind": "fine"}},
+    for changed in ({"new_key": 1}, {"crashed": "yes"}, {"schema": 9}, {"verdict": {"kind": "fine"}},
                     {"nonfinite_logits": [{"request_id": "r1"}]}):
         with pytest.raises(jsonschema.ValidationError):
             check({**document, **changed})

@@ -83,12 +83,16 @@ class _Runtime:
         # their arguments' metadata alone (no statistics, no dump): the
         # compiled core describes them.
         self.described_upto = -1 if self.bare_upto < 0 else 9 if cfg.blackbox else 4
-        # Each call's outputs flagged on their device after it returns (capture/nan_flags.py), on either path.
+        # Each call's outputs flagged on their device after it returns (capture/nan_flags.py), on either path;
+        # where asked, its arguments before it runs.
         self.nan_flags = cfg.nan_flags
+        self.flag_inputs = bool(cfg.nan_flags and cfg.nan_flag_inputs)
+        nan_flags.ask_inputs(cfg.nan_flag_inputs if self.flag_inputs else ())
         if core.native is not None:  # the calls the compiled core records: those of the bare path, and these
             core.native.set_runtime(self.spans, self.bare_upto, self.spans.flags if self.spans is not None else 0,
                                     self.described_upto)
-            core.native.set_flag_after(nan_flags.flag_native if self.nan_flags else None)
+            core.native.set_nan_flags(nan_flags.flag_native if self.nan_flags else None,
+                                      nan_flags.flag_inputs_native if self.flag_inputs else None)
 
 
 _runtime = _Runtime(_config.get_config())
@@ -469,6 +473,16 @@ def capturing(delta: int) -> None:
         core.native.set_capturing(_capturing)
 
 
+def _flag_inputs(site: KernelSite, call: "tuple | None", seq: int, args: tuple, kwargs: dict,
+                 extra: "dict | None") -> "int | None":
+    """A call's arguments flagged before it runs where SGLANG_KERNEL_API_NAN_FLAGS_INPUTS asks (not while a
+    graph is captured: its captured calls' outputs are the graph NaN check's): what its outputs' flags name."""
+    if _capturing or not _runtime.flag_inputs:
+        return None
+    return nan_flags.flag_inputs(call, seq, site.name, args + tuple(kwargs.values()) if kwargs else args,
+                                 tuple(kwargs), 1 if site.skip_self and args else 0, extra)
+
+
 def _wrap_coroutine(func: F, site: KernelSite, attributes: "dict | None") -> F:
     """The recorded version of a coroutine function: the call spans its
     whole await (in flight while it awaits, its exception, its result)."""
@@ -481,6 +495,7 @@ def _wrap_coroutine(func: F, site: KernelSite, attributes: "dict | None") -> F:
         call = site.begin(args, kwargs, seq, attributes)
         token = awaited(call[0]) if call is not None and call[0] is not None else None
         try:
+            inputs = _flag_inputs(site, call and call[0], seq, args, kwargs, attributes)
             result = await func(*args, **kwargs)
         except BaseException as exc:
             if token is not None:
@@ -490,7 +505,7 @@ def _wrap_coroutine(func: F, site: KernelSite, attributes: "dict | None") -> F:
         if token is not None:
             otel_context.detach(token)
         if _runtime.nan_flags:
-            nan_flags.flag(call and call[0], seq, result, attributes)
+            nan_flags.flag(call and call[0], seq, result, attributes, inputs)
         site.finish(call, result)
         return result
 
@@ -537,6 +552,7 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
                     _warn_once(f"recording the start of {name}", exc)
                     return func(*args, **kwargs)
                 try:
+                    inputs = _flag_inputs(site, span, seq, args, kwargs, extra) if runtime.flag_inputs else None
                     result = func(*args, **kwargs)
                 except BaseException as exc:
                     site.fail((span, None, None, None), exc)
@@ -544,7 +560,7 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
                 if _capturing:
                     _graphs.captured_output(extra, result)
                 elif runtime.nan_flags:
-                    nan_flags.flag(span, seq, result, extra)
+                    nan_flags.flag(span, seq, result, extra, inputs)
                 if after is not None:
                     hooked = after(args, span, result)
                     if hooked is not None:  # attributes or a device error for the end
@@ -557,6 +573,8 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
                 return result
             call = site.begin(args, kwargs, seq, extra, kind_flags)
             try:
+                inputs = _flag_inputs(site, call and call[0], seq, args, kwargs, extra) if runtime.flag_inputs \
+                    else None
                 result = func(*args, **kwargs)
             except BaseException as exc:
                 site.fail(call, exc)
@@ -564,7 +582,7 @@ def _wrap(func: F, name: str, level: int, before: Before | None = None, after: A
             if _capturing:
                 _graphs.captured_output(extra, result)
             elif runtime.nan_flags:
-                nan_flags.flag(call and call[0], seq, result, extra)
+                nan_flags.flag(call and call[0], seq, result, extra, inputs)
             site.finish(call, result, after(args, call and call[0], result) if after else None)
             return result
         except BaseException as exc:

@@ -23,10 +23,14 @@ Calls captured into a CUDA graph are flagged by the graph's NaN check
 (capture/graphs.py), whose captured kernels reduce each replay's flags to
 one slot's worth, copied into this ring after the replay: a replay is a
 slot like a call, and survives a crash the same way. A tensor watched
-outside any call (`watch`: SGLang's logits) takes a slot too. One device a
-process (the first flagged output's); outputs on another are not
-flagged. torch.compile tracing never reaches this (the decorator calls
-straight through).
+outside any call (`watch`: SGLang's logits) takes a slot too. So do the
+arguments of a call whose name SGLANG_KERNEL_API_NAN_FLAGS_INPUTS matches,
+before it runs (a flag an argument): its flagged mark then says whether the
+NaN/Inf came in through an argument (from before the call: weights, a
+cache, work no recorded call covers) or out of finite ones. One device a
+process (the first flagged tensor's); tensors on another are not flagged.
+torch.compile tracing and CUDA graph capture never reach this (the
+decorator calls straight through; a graph's calls are its NaN check's).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from __future__ import annotations
 import atexit
 import collections
 import ctypes
+import fnmatch
 import os
 from typing import Any
 
@@ -46,17 +51,18 @@ from ..describe.statistics import finite_rows, is_device_error
 from ..describe.tensors import tensors_of
 from ..notices import warn_failed_once, warn_once
 from ..record import batches, processor
-from ..record.flag_file import CALL, NONFINITE_BYTE, REPLAY, WATCH, FlagFile, decode_replay
+from ..record.flag_file import CALL, INPUTS, NONFINITE_BYTE, REPLAY, WATCH, FlagFile, decode_replay
 from ..record.setup import on_open
 from ..record.tracefile import nan_flags_path
 from ..record.spans import CALL_SEQ, NAME_, add_attributes, call_context
-from ..schema import (MODULE, NONFINITE, NONFINITE_CALL, NONFINITE_FLAG, NONFINITE_REQUESTS, NONFINITE_SPAN,
-                      REQUEST_ID)
+from ..schema import (MODULE, NONFINITE, NONFINITE_CALL, NONFINITE_FLAG, NONFINITE_INPUTS_CHECKED, NONFINITE_REQUESTS,
+                      NONFINITE_SPAN, REQUEST_ID)
 
 SLOTS = 4096
 ROW_CAP = 256  # rows of a first output flagged one by one
 OTHER_CAP = 4  # other floating outputs flagged, one flag each
 WIDTH = ROW_CAP + OTHER_CAP
+SCRATCH = WIDTH - 1  # an INPUTS slot's last byte: a list argument's further tensors, ANDed into its flag
 COPY_EVERY = SLOTS // 4  # calls with no step's end between them: copied anyway, long before the ring laps
 _MAX_FOUND = 8  # tensors of a result looked at
 
@@ -75,9 +81,11 @@ class FlagRing:
         self.watched: collections.deque = collections.deque()  # `made` of each watched tensor's slot, not read
         self.copied = 0  # slots copied
         # slot -> (its kind, its call or replay, its batch, its first output's rows, rows flagged, its module
-        # path or None; for a REPLAY its NanCheck, for a WATCH its marks' name and attributes and the span
-        # it was watched in)
+        # path or None; for a CALL the order of its INPUTS slot or None, for a REPLAY its NanCheck, for a
+        # WATCH its marks' name and attributes and the span it was watched in); an INPUTS slot's: its
+        # positional arguments and all of them for the two counts, its keyword names last
         self.slots: list = [None] * SLOTS
+        self.marked = None  # the call marked last: its arguments' slot and its outputs' never mark it twice
         self.pending: collections.deque = collections.deque()  # (event or None, first slot, end) copied, not read
         self.lost = 0  # slots whose flags were dropped unread (the ring lapped them)
 
@@ -124,11 +132,42 @@ class FlagRing:
             self.landed = host_view(self.host)
             self.confirmed = torch.zeros(1, dtype=torch.int64, pin_memory=True)
 
-    def flag(self, call: "tuple | None", seq: int, result: Any, module: "str | None") -> None:
-        """After a recorded call returned `result`: its flags queued on its device."""
+    def flag(self, call: "tuple | None", seq: int, result: Any, module: "str | None", inputs: "int | None") -> None:
+        """After a recorded call returned `result`: its flags queued on its
+        device (`inputs`: the order of its arguments' slot, if they were)."""
         found = [tensor for tensor in tensors_of(result, _MAX_FOUND) if tensor.is_floating_point() and tensor.numel()]
         if found and self._device_of(found[0]):
-            self._rows(found, seq, CALL, call, module, None)
+            self._rows(found, seq, CALL, call, module, inputs)
+
+    def inputs(self, call: "tuple | None", seq: int, values: tuple, keywords: tuple, skip: int,
+               module: "str | None") -> "int | None":
+        """Before a recorded call runs with `values` (its positional arguments,
+        then the keyword ones named `keywords`; the first `skip` its self):
+        a flag each of its arguments (a floating tensor, or a list or tuple of
+        them: one for all) into the next slot. Its order, for its outputs'."""
+        arguments = values[skip:skip + SCRATCH]
+        found = []
+        for position, value in enumerate(arguments):
+            group = (value,) if isinstance(value, torch.Tensor) else \
+                value[:_MAX_FOUND] if isinstance(value, (list, tuple)) else ()
+            tensors = [tensor for tensor in group
+                       if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()]
+            if tensors:
+                found.append((position, tensors))
+        if not found or not self._device_of(found[0][1][0]):
+            return None
+        slot = self.made % SLOTS
+        for position, tensors in found:
+            tensors = [tensor for tensor in tensors if tensor.device == self.device]
+            if tensors:
+                finite_rows(tensors[0], 1, self.buffer, slot, position)
+            for tensor in tensors[1:]:
+                finite_rows(tensor, 1, self.buffer, slot, SCRATCH)
+                self.buffer[slot, position:position + 1].logical_and_(self.buffer[slot, SCRATCH:])
+        positional = min(max(len(values) - len(keywords) - skip, 0), len(arguments))
+        self._taken(slot, seq, positional, len(arguments), INPUTS,
+                    (INPUTS, call, batches.current(), positional, len(arguments), module, keywords))
+        return self.made
 
     def watch(self, tensor: torch.Tensor, name: str, marks: dict) -> None:
         """`tensor`'s rows flagged outside any recorded call (SGLang's logits
@@ -213,7 +252,7 @@ class FlagRing:
                 continue
             self._first_flagged(start, end)
             for made in watched:
-                self._annotate(made % SLOTS)
+                self._annotate(made % SLOTS, end)
 
     def _first_flagged(self, start: int, end: int) -> None:
         """The first call or replay of `start..end` whose flags say NaN/Inf, marked (watched tensors' aside)."""
@@ -222,32 +261,73 @@ class FlagRing:
             at = cells.find(NONFINITE_BYTE)
             while at >= 0:
                 slot = low + at // WIDTH
-                if self.slots[slot][0] != WATCH and self._annotate(slot):
+                if self.slots[slot][0] != WATCH and self._annotate(slot, end):
                     return
                 at = cells.find(NONFINITE_BYTE, (slot - low + 1) * WIDTH)
 
-    def _annotate(self, slot: int) -> bool:
-        """The flagged slot's call, replay or watched tensor marked; False: nothing flagged there."""
+    def _cells(self, slot: int) -> bytes:
+        return bytes(self.landed[slot * WIDTH: (slot + 1) * WIDTH])  # host memory: no tensor is read
+
+    def _annotate(self, slot: int, end: int) -> bool:
+        """The flagged slot's call, replay or watched tensor marked (`end`:
+        the order of the newest slot landed); False: nothing flagged there."""
         kind, call, batch, leading, rows, module, extra = self.slots[slot]
-        cells = bytes(self.landed[slot * WIDTH: (slot + 1) * WIDTH])  # host memory: no tensor is read
+        cells = self._cells(slot)
         if kind == REPLAY:
             replay = decode_replay(cells)
             if replay is None:
                 return False
             extra.flagged(call, batch, *replay)
             return True
-        if NONFINITE_BYTE not in cells:
+        if kind == INPUTS:
+            fed = _fed(self.slots[slot], cells)
+            if not fed:
+                return False
+            outputs = self._outputs_of(slot, end)
+            if outputs is not None:  # its outputs' slot has landed too: their rows
+                _, _, _, leading, rows, module, _ = self.slots[outputs]
+                cells = self._cells(outputs)
+        elif NONFINITE_BYTE not in cells:
             return False
-        bad = [row for row in range(rows) if cells[row] == NONFINITE_BYTE] if rows == leading else []
+        else:
+            fed, outputs = self._inputs_of(extra) if kind == CALL else None, slot
+        bad = [row for row in range(rows) if cells[row] == NONFINITE_BYTE] \
+            if outputs is not None and rows == leading else []
         if kind == WATCH:
             _watched(*extra, batch, leading, bad)
-        elif call is not None:
-            flagged(call, call[NAME_], module, batch, leading, bad)
+        elif call is not None and call is not self.marked:  # not marked already by its other slot
+            self.marked = call
+            flagged(call, call[NAME_], module, batch, leading, bad, fed=fed,
+                    output=outputs is not None and NONFINITE_BYTE in cells)
         return True
+
+    def _inputs_of(self, order: "int | None") -> "tuple | None":
+        """The arguments a CALL slot's INPUTS slot (taken `order`th) flagged, by
+        name; None where there is none, or the ring has lapped it."""
+        if order is None or self.made - order >= SLOTS:
+            return None
+        slot = (order - 1) % SLOTS
+        return _fed(self.slots[slot], self._cells(slot))
+
+    def _outputs_of(self, slot: int, end: int) -> "int | None":
+        """The CALL slot of the call whose INPUTS slot is `slot`, where it has landed (`end`)."""
+        order = self.made - (self.made - 1 - slot) % SLOTS
+        for later in range(order + 1, min(end, order + SLOTS) + 1):
+            entry = self.slots[(later - 1) % SLOTS]
+            if entry[0] == CALL and entry[6] == order:
+                return (later - 1) % SLOTS
+        return None
+
+
+def _fed(entry: tuple, cells: bytes) -> tuple:
+    """The names of the arguments an INPUTS slot (`entry`, its `cells`) flagged non-finite."""
+    _, _, _, positional, count, _, keywords = entry
+    return tuple(f"input.arg{at}" if at < positional else f"input.{keywords[at - positional]}"
+                 for at in range(count) if cells[at] == NONFINITE_BYTE)
 
 
 def flagged(call: tuple, name: str, module: "str | None", batch: "batches.Batch | None", leading: int,
-            bad_rows: list, **more) -> None:
+            bad_rows: list, fed: "tuple | None" = None, output: bool = True, **more) -> None:
     """The first call of a step whose flags said NaN/Inf (`name`: the call,
     or the captured call of a graph's replay; `module`: its module path,
     where it is known), found after it ended: marked
@@ -256,8 +336,14 @@ def flagged(call: tuple, name: str, module: "str | None", batch: "batches.Batch 
     requests; and where back ends see it, since exporters have sent its
     span: a NONFINITE_SPAN under it, and one under each request of its
     batch that those rows belong to (all of them where the rows map to
-    none), tagged `nonfinite_flag` as a span with NaN is tagged `has_nan`."""
-    attributes: dict = {**more, NONFINITE_FLAG: True, NONFINITE: ("output",)}
+    none), tagged `nonfinite_flag` as a span with NaN is tagged `has_nan`.
+    `fed`: where its arguments were flagged too, those that held NaN/Inf
+    (`input.arg1`; empty: it made NaN/Inf out of finite ones), named in its
+    `nonfinite` beside "output" (`output`: whether its outputs' flags said
+    so), as level 5 names them."""
+    attributes: dict = {**more, NONFINITE_FLAG: True, NONFINITE: (*(fed or ()), *(("output",) if output else ()))}
+    if fed is not None:
+        attributes[NONFINITE_INPUTS_CHECKED] = True
     owners = batch.owners(leading, bad_rows) if batch is not None and bad_rows else None
     if owners is not None:
         attributes[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]
@@ -267,6 +353,8 @@ def flagged(call: tuple, name: str, module: "str | None", batch: "batches.Batch 
         marked[MODULE] = module
     if owners is not None:
         marked[NONFINITE_REQUESTS] = attributes[NONFINITE_REQUESTS]
+    if fed is not None:  # in back ends too: whether it came in or started here
+        marked[NONFINITE], marked[NONFINITE_INPUTS_CHECKED] = attributes[NONFINITE], True
     parents = [(call_context(call), None)]
     if batch is not None:
         chosen = None if owners is None else set(owners)
@@ -337,22 +425,59 @@ def _the_ring() -> FlagRing:
     return _ring
 
 
-def flag(call: "tuple | None", seq: int, result: Any, extra: "dict | None") -> None:
+def flag(call: "tuple | None", seq: int, result: Any, extra: "dict | None", inputs: "int | None" = None) -> None:
     """A recorded call's outputs flagged (the decorator's, after it returned,
     with SGLANG_KERNEL_API_NAN_FLAGS on; `extra`: the call's own attributes,
-    its module path among them where known): into the ring of the trace
-    file this process writes now."""
+    its module path among them where known; `inputs`: what `flag_inputs`
+    gave it): into the ring of the trace file this process writes now."""
     try:
-        _the_ring().flag(call, seq, result, extra.get(MODULE) if extra else None)
+        _the_ring().flag(call, seq, result, extra.get(MODULE) if extra else None, inputs)
     except Exception as exc:
         warn_failed_once("queueing a kernel call's NaN flags", exc, "; the call goes on unflagged")
 
 
-def flag_native(call: Any, seq: int, result: Any, wrapper: Any) -> None:
+def flag_native(call: Any, seq: int, result: Any, wrapper: Any, inputs: "int | None") -> None:
     """`flag`, as the compiled core calls it after a call it recorded
     returned (`wrapper`: the call's Python wrapper, which keeps the site's
     own attributes)."""
-    flag(call, seq, result, getattr(wrapper, "_kernel_attributes", None))
+    flag(call, seq, result, getattr(wrapper, "_kernel_attributes", None), inputs)
+
+
+_input_patterns: tuple = ()
+_inputs_wanted: dict = {}  # kernel name -> whether its arguments are flagged
+
+
+def ask_inputs(patterns: tuple) -> None:
+    """The kernel names whose calls' arguments are flagged too (SGLANG_KERNEL_API_NAN_FLAGS_INPUTS)."""
+    global _input_patterns
+    if patterns != _input_patterns:
+        _input_patterns = patterns
+        _inputs_wanted.clear()
+
+
+def flag_inputs(call: "tuple | None", seq: int, name: str, values: tuple, keywords: tuple, skip: int,
+                extra: "dict | None") -> "int | None":
+    """Before a recorded call of `name` runs (the decorator's): its arguments
+    flagged where SGLANG_KERNEL_API_NAN_FLAGS_INPUTS names it (FlagRing.inputs);
+    what its outputs' `flag` is given."""
+    wanted = _inputs_wanted.get(name)
+    if wanted is None:
+        wanted = _inputs_wanted[name] = any(fnmatch.fnmatchcase(name, pattern) for pattern in _input_patterns)
+    if not wanted:
+        return None
+    try:
+        return _the_ring().inputs(call, seq, values, keywords, skip, extra.get(MODULE) if extra else None)
+    except Exception as exc:
+        warn_failed_once("queueing a kernel call's inputs' NaN flags", exc, "; the call goes on, its inputs unflagged")
+        return None
+
+
+def flag_inputs_native(call: Any, seq: int, values: tuple, keywords: "tuple | None", wrapper: Any) -> "int | None":
+    """`flag_inputs`, as the compiled core calls it before a call it records
+    runs (`values`: its positional then keyword arguments)."""
+    site = wrapper._kernel_site
+    return flag_inputs(call, seq, site.name, values, keywords or (), 1 if site.skip_self and
+                       len(values) > len(keywords or ()) else 0, getattr(wrapper, "_kernel_attributes", None))
 
 
 def replayed(check: Any, call: tuple) -> "Exception | None":

@@ -57,7 +57,6 @@ static PyObject *timing(PyObject *module, PyObject *unused) {
 
 static PyObject *recorded_call_timed(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames,
                                      long long *kernel_ns);
-
 static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     long long kernel = -1, entered = now_ns(); /* -1: not recorded here (the Python path records it) */
     PyObject *result = recorded_call_timed(self, args, nargsf, kwnames, &kernel);
@@ -78,6 +77,30 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
 #define KERNEL_BEGINS() ((void)0)
 #define KERNEL_ENDED() ((void)0)
 #endif
+
+/* The NaN flags of a call's arguments queued before it runs (recording.flag_before): what it gives, for
+ * flag_after; None when they are off or it failed (said, the call goes on); NULL with KeyboardInterrupt and
+ * the like set, which the call meets as if its kernel raised them. */
+static PyObject *flag_inputs(Recorded *self, InFlight *call, unsigned long long seq, PyObject *const *args,
+                             size_t nargsf, PyObject *kwnames) {
+    if (recording.flag_before == NULL)
+        Py_RETURN_NONE;
+    Py_ssize_t count = PyVectorcall_NARGS(nargsf) + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *values = PyTuple_New(count), *number = PyLong_FromUnsignedLongLong(seq), *done = NULL;
+    if (values != NULL && number != NULL) {
+        for (Py_ssize_t at = 0; at < count; at++)
+            PyTuple_SET_ITEM(values, at, Py_NewRef(args[at]));
+        done = PyObject_CallFunctionObjArgs(recording.flag_before, (PyObject *)call, number, values,
+                                            kwnames != NULL ? kwnames : Py_None, self->slow, NULL);
+    }
+    Py_XDECREF(values);
+    Py_XDECREF(number);
+    if (done == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_WriteUnraisable(self->slow); /* never the kernel's call lost for its flags */
+        done = Py_NewRef(Py_None);
+    }
+    return done;
+}
 
 static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames TIMED_PARAMETER) {
     if (compiling())
@@ -127,7 +150,7 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
     PyObject *outer = Py_NewRef(PyList_GET_ITEM(state, 2));
     PyObject *writer = Py_NewRef(recording.writer);
     Ring *ring = (Ring *)Py_NewRef((PyObject *)recording.ring);
-    PyObject *trace = NULL, *result = NULL;
+    PyObject *trace = NULL, *result = NULL, *inputs = NULL;
     InFlight *call = NULL;
     PyObject *extra = NULL; /* a replay's attributes or the site's, marshalled (a described call's are in `opening`) */
     unsigned long long seq;
@@ -210,9 +233,13 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
     if (PyList_SetItem(state, 2, Py_NewRef((PyObject *)call)) < 0)
         goto fail;
 
-    KERNEL_BEGINS();
-    result = PyObject_Vectorcall(self->function, args, nargsf, kwnames);
-    KERNEL_ENDED();
+    if (!kind_flags)
+        inputs = flag_inputs(self, call, seq, args, nargsf, kwnames);
+    if (kind_flags || inputs != NULL) {
+        KERNEL_BEGINS();
+        result = PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+        KERNEL_ENDED();
+    }
 
     PyList_SetItem(state, 2, Py_NewRef(outer));
     if (result == NULL) {
@@ -252,7 +279,8 @@ static PyObject *RECORDED_CALL(Recorded *self, PyObject *const *args, size_t nar
         if (recording.flag_after != NULL && !kind_flags) { /* the NaN flags: its outputs' queued on their device */
             PyObject *number = PyLong_FromUnsignedLongLong(seq);
             PyObject *done = number != NULL ? PyObject_CallFunctionObjArgs(recording.flag_after, (PyObject *)call,
-                                                                            number, result, self->slow, NULL)
+                                                                            number, result, self->slow,
+                                                                            inputs != NULL ? inputs : Py_None, NULL)
                                             : NULL;
             Py_XDECREF(number);
             if (done == NULL) {
@@ -287,6 +315,7 @@ release:
     out_free(&opening);
     Py_XDECREF(extra);
     Py_XDECREF(trace);
+    Py_XDECREF(inputs);
     if (call != NULL)
         in_flight_done(call);
     Py_DECREF(state);

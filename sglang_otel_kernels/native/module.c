@@ -8,8 +8,9 @@ static PyMethodDef module_methods[] = {
      "set_describer(Tensor, Parameter, {dtype: name}, torch.strided, attribute prefix, "
      "add_described(attributes, path, value), encode): what describing arguments reads."},
     {"set_capturing", set_capturing, METH_O, "How many CUDA graphs are being captured."},
-    {"set_flag_after", set_flag_after, METH_O,
-     "set_flag_after(callable or None): called (call, seq, result, wrapper) after each call this core recorded returned."},
+    {"set_nan_flags", set_nan_flags, METH_VARARGS,
+     "set_nan_flags(after, before), each a callable or None: before(call, seq, arguments, keyword names, wrapper) "
+     "before each call this core records runs, after(call, seq, result, wrapper, what before gave) once it returned."},
     {"setup", setup, METH_VARARGS, "The Python objects the core reads (record/recording.py)."},
     {"seed", seed, METH_O, "Seeds the span and trace ids (32 bytes)."},
     {"set_batch", set_batch, METH_VARARGS,

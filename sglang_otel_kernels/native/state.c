@@ -22,8 +22,11 @@ static struct {
     PyObject *get_current;
     PyObject *parent_of;  /* spans._parent_of */
     PyObject *failed;     /* (site, call, exception) -> None: a call that raised */
-    PyObject *flag_after; /* (call, seq, result, wrapper) -> None after a call this core recorded returned, or
-                             NULL: the NaN flags (capture/nan_flags.py flag_native) */
+    /* The NaN flags (capture/nan_flags.py), or NULL: flag_before (call, seq, arguments, keyword names,
+     * wrapper) -> what flag_after is given last, before a call this core records runs (its inputs' flags);
+     * flag_after (call, seq, result, wrapper, that) -> None after it returned (its outputs'). */
+    PyObject *flag_before;
+    PyObject *flag_after;
     PyObject *compiler;   /* torch.compiler's namespace, whose _is_compiling_flag is read, or NULL */
     PyObject *is_compiling; /* else this is called */
     unsigned long long seq; /* call numbers */
@@ -177,12 +180,16 @@ static PyObject *set_runtime(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *set_flag_after(PyObject *module, PyObject *arg) {
-    if (arg != Py_None && !PyCallable_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "set_flag_after takes a callable or None");
+static PyObject *set_nan_flags(PyObject *module, PyObject *args) {
+    PyObject *after, *before;
+    if (!PyArg_ParseTuple(args, "OO:set_nan_flags", &after, &before))
+        return NULL;
+    if ((after != Py_None && !PyCallable_Check(after)) || (before != Py_None && !PyCallable_Check(before))) {
+        PyErr_SetString(PyExc_TypeError, "set_nan_flags takes two callables or None");
         return NULL;
     }
-    Py_XSETREF(recording.flag_after, arg == Py_None ? NULL : Py_NewRef(arg));
+    Py_XSETREF(recording.flag_after, after == Py_None ? NULL : Py_NewRef(after));
+    Py_XSETREF(recording.flag_before, before == Py_None ? NULL : Py_NewRef(before));
     Py_RETURN_NONE;
 }
 

@@ -11,9 +11,10 @@ outlive the process however it dies. The layout, little-endian:
                        order slots are taken in, whose flags are known to
                        have landed), creation time (ns)
     index              a slot each (24 bytes): the call number, the order
-                       it was taken in (from 1), the rows flagged of its
-                       first output, the other outputs flagged, its kind;
-                       written by the host when the slot is taken
+                       it was taken in (from 1), two counts (for a CALL the
+                       rows flagged of its first output and the other
+                       outputs flagged), its kind; written by the host
+                       when the slot is taken
     flags              a slot each (`width` bytes)
 
 A slot's kind says what its flags are:
@@ -30,6 +31,12 @@ A slot's kind says what its flags are:
             byte); then a flag a row of those, as many as the slot holds
     WATCH   a tensor watched outside any call (SGLang's logits): not read
             from the file
+    INPUTS  a recorded call's tensor arguments, taken before it runs
+            (SGLANG_KERNEL_API_NAN_FLAGS_INPUTS; its call number is its
+            CALL slot's): one flag an argument, the positional ones (their
+            count: the first of the two) then the keyword ones (the second:
+            all of them), a list or tuple of tensors one flag; 1 where the
+            argument is no floating tensor
 
 A slot's flags land at the step's end, its index when it is taken: a slot is
 trusted only when its order is at most the confirmed one, which the copy
@@ -58,7 +65,7 @@ HEADER = struct.Struct("<8sIIIIQQ")  # magic, version, slots, width, pid, confir
 HEADER_SIZE = 64
 CONFIRMED_AT = 24  # where the header keeps the confirmed order (8-aligned: a device copy writes it)
 INDEX = struct.Struct("<QQHHHH")  # call number, order, rows, other outputs, kind, reserved
-CALL, REPLAY, WATCH = 0, 1, 2  # a slot's kinds
+CALL, REPLAY, WATCH, INPUTS = 0, 1, 2, 3  # a slot's kinds
 DIGIT = 255  # a REPLAY slot's numbers: REPLAY_DIGITS digits of base DIGIT, each stored plus 1
 REPLAY_DIGITS = 3
 REPLAY_HEAD = 1 + 2 * REPLAY_DIGITS  # a REPLAY slot's bytes before its rows' flags: the flag, two numbers
@@ -133,13 +140,21 @@ class Flagged:
     """A slot whose flags say NaN/Inf: its call number, the rows of its first
     output flagged (of `rows` it had flagged per row), whether an other
     output was; for a CUDA graph's replay, the position of the captured
-    call that made it (`position`, 0 for a call)."""
+    call that made it (`position`, 0 for a call). Where the call's
+    arguments were flagged too (an INPUTS slot): `inputs`, the positions of
+    those whose flags said NaN/Inf (empty: all finite), of its `arguments`
+    flagged, of which the first `positional` are positional; `output`: whether its outputs' flags said
+    so (a call fed NaN/Inf may die in it or mask it)."""
 
     seq: int
     rows: int
     bad_rows: tuple
     other_output: bool
     position: int = 0
+    inputs: "tuple | None" = None
+    positional: int = 0
+    arguments: int = 0
+    output: bool = True
 
 
 @dataclasses.dataclass
@@ -173,8 +188,9 @@ def read_flag_file(path: str) -> "FlagFileContents | None":
             or len(data) != _size(slots, width):
         return FlagFileContents(path, pid, 0, [], 0, [f"{path}: not a NaN flags file of this version"])
     flags_at = HEADER_SIZE + slots * INDEX.size
-    flagged, unconfirmed, problems = [], 0, []
+    unconfirmed, problems = 0, []
     ordered = []
+    inputs = {}  # call number -> (order, positional count, count, flagged positions) of its INPUTS slot
     for slot in range(slots):
         seq, order, rows, others, kind, _ = INDEX.unpack_from(data, HEADER_SIZE + slot * INDEX.size)
         if order == 0 or kind == WATCH:
@@ -188,14 +204,28 @@ def read_flag_file(path: str) -> "FlagFileContents | None":
             if replay is not None:
                 ordered.append((order, Flagged(seq, replay[1], replay[2], False, replay[0])))
             continue
+        if kind == INPUTS and rows <= others <= width:
+            inputs[seq] = (order, rows, others, tuple(at for at in range(others) if cells[at] == NONFINITE_BYTE))
+            continue
         if kind != CALL or rows + others > width:
-            problems.append(f"{path}: slot {slot} is of kind {kind} with {rows + others} flags in {width} bytes; "
-                            "ignored")
+            problems.append(f"{path}: slot {slot} is of kind {kind} with counts {rows} and {others}, which do not "
+                            f"fit its {width} bytes; ignored")
             continue
         cells = cells[:rows + others]
         if NONFINITE_BYTE not in cells:
             continue
         bad = tuple(row for row in range(rows) if cells[row] == NONFINITE_BYTE)
         ordered.append((order, Flagged(seq, rows, bad, NONFINITE_BYTE in cells[rows:])))
+    calls = {flagged.seq: at for at, (_, flagged) in enumerate(ordered) if not flagged.position}
+    for seq, (order, positional, count, bad) in inputs.items():
+        at = calls.get(seq)
+        if at is not None:
+            flagged = ordered[at][1]
+            flagged.inputs, flagged.positional, flagged.arguments = bad, positional, count
+            if bad:  # fed NaN/Inf: it counts from its arguments' flags, taken before its outputs'
+                ordered[at] = (order, flagged)
+        elif bad:  # its outputs' flags said nothing, or never landed (it died in it, or raised)
+            ordered.append((order, Flagged(seq, 0, (), False, inputs=bad, positional=positional, arguments=count,
+                                           output=False)))
     ordered.sort(key=lambda item: item[0])  # the order slots were taken in: calls and replays alike
     return FlagFileContents(path, pid, confirmed, [item for _, item in ordered], unconfirmed, problems)

@@ -33,8 +33,8 @@ from .._version import __version__
 from . import tracefile as fmt
 from .flag_file import read_flag_file
 from ..schema import (BATCH_REQUEST_IDS, BLACKBOX, COLLECTIVE_FIELDS, DEATH_SPAN, FATAL_SIGNAL, GRAPH_CALLS,
-                      GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_REPLAY, IN_FLIGHT, LEVEL, NAME, NONFINITE,
-                      NONFINITE_FLAG, NONFINITE_REQUESTS, SEQ, TRACER_NAME)
+                      GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_REPLAY, IN_FLIGHT, INPUT_PREFIX, LEVEL,
+                      NAME, NONFINITE, NONFINITE_FLAG, NONFINITE_INPUTS_CHECKED, NONFINITE_REQUESTS, SEQ, TRACER_NAME)
 from ..text import utf8
 
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
@@ -139,7 +139,8 @@ def merge_nan_flags(contents: TraceFileContents) -> None:
     under each parent (a step's batch) is marked `nonfinite_flag`, as the
     live reading marks it (a replay with its first flagged captured call,
     named from the graph's call list), with the requests of its flagged rows
-    where they are its batch's requests one a row. What a crash kept of the
+    where they are its batch's requests one a row, and where its arguments
+    were flagged too, those that held NaN/Inf. What a crash kept of the
     flags, read from the file alone; a file of another process is a
     problem, never read."""
     found = read_flag_file(fmt.nan_flags_path(contents.path))
@@ -173,7 +174,10 @@ def merge_nan_flags(contents: TraceFileContents) -> None:
         if span is None or span.parent_span_id in marked:
             continue
         marked.add(span.parent_span_id)
-        span.attributes.update({NONFINITE_FLAG: True, NONFINITE: ("output",)})
+        fed = () if flagged.inputs is None else _argument_names(span, flagged)
+        span.attributes.update({NONFINITE_FLAG: True, NONFINITE: (*fed, *(("output",) if flagged.output else ()))})
+        if flagged.inputs is not None:
+            span.attributes[NONFINITE_INPUTS_CHECKED] = True
         if flagged.position:
             span.attributes[GRAPH_FIRST_NONFINITE] = f"{flagged.position}: " + _captured_name(
                 contents.graphs.get(span.attributes.get(GRAPH_ID)), flagged.position)
@@ -181,6 +185,19 @@ def merge_nan_flags(contents: TraceFileContents) -> None:
         ids = span.attributes.get(BATCH_REQUEST_IDS) or (batch.attributes.get(BATCH_REQUEST_IDS) if batch else None)
         if isinstance(ids, (tuple, list)) and flagged.bad_rows and flagged.rows == len(ids):
             span.attributes[NONFINITE_REQUESTS] = tuple(str(ids[row]) for row in flagged.bad_rows)
+
+
+def _argument_names(span: RecoveredSpan, flagged: Any) -> tuple:
+    """The names of the arguments whose flags said NaN/Inf (`flagged`, a
+    flag_file.Flagged), as level 5 names them: `input.arg1`; a keyword one
+    by its name where the span lists every keyword of the call (from level
+    3), else `input.keyword<its place among them>`."""
+    names = (key[len(INPUT_PREFIX):].partition(".")[0] for key in span.attributes if key.startswith(INPUT_PREFIX))
+    keywords = [name for name in dict.fromkeys(names) if not re.fullmatch(r"arg\d+", name)]
+    if len(keywords) != flagged.arguments - flagged.positional:
+        keywords = [f"keyword{at}" for at in range(flagged.arguments - flagged.positional)]
+    return tuple(f"input.arg{at}" if at < flagged.positional else f"input.{keywords[at - flagged.positional]}"
+                 for at in flagged.inputs)
 
 
 def _captured_name(graph: Any, position: int) -> str:

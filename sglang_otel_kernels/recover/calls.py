@@ -10,8 +10,8 @@ from typing import Any
 
 from ..record.reader import RecoveredSpan, TraceFileContents
 from ..schema import (BATCH_REQUEST_IDS, BATCH_SIZE, DUMP_DIR, FORWARD_MODE, GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE,
-                      GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, MODULE, NAME, NONFINITE_FLAG, NONFINITE_REQUESTS, OP_CLASS,
-                      PREFIX, REPLAY_NAME, REQUEST_ID, SEQ)
+                      GRAPH_ID, GRAPH_REPLAY, GRAPH_SUSPECT, INPUT_PREFIX, MODULE, NAME, NONFINITE, NONFINITE_FLAG,
+                      NONFINITE_INPUTS_CHECKED, NONFINITE_REQUESTS, OP_CLASS, PREFIX, REPLAY_NAME, REQUEST_ID, SEQ)
 from .batch_failures import culprit_of
 from .ranks import rank_of, timestamp
 
@@ -115,6 +115,8 @@ def call_summary(span: RecoveredSpan, by_id: dict[int, RecoveredSpan], contents:
         "inputs": _grouped(span, INPUT_PREFIX, INPUT_PREFIX),  # arg0, eps
         "outputs": _grouped(span, OUTPUT_PREFIX, PREFIX),  # output, output.0
         "nonfinite_seen_by": _nonfinite_seen_by(span),
+        "nonfinite": [str(path) for path in span.attributes.get(NONFINITE) or ()],
+        "nonfinite_inputs": _nonfinite_inputs(span),
         "dump_dir": span.attributes.get(DUMP_DIR),
         "exception": None if exception is None else {
             "type": exception.get("exception.type"), "message": exception.get("exception.message")},
@@ -133,6 +135,19 @@ def _nonfinite_seen_by(span: RecoveredSpan) -> "str | None":
     if any(event[0] == "nonfinite_output" for event in span.events):
         return "statistics"
     return "flags" if span.attributes.get(NONFINITE_FLAG) is True else None
+
+
+def _nonfinite_inputs(span: RecoveredSpan) -> "list[str] | None":
+    """Where what says a call made NaN/Inf checked its inputs too, those that
+    held NaN/Inf (`input.arg1`; empty: it made NaN/Inf out of finite
+    inputs); None where nothing checked them (the NaN flags without
+    SGLANG_KERNEL_API_NAN_FLAGS_INPUTS)."""
+    seen = _nonfinite_seen_by(span)
+    if seen == "statistics":  # level 5 names a call only when its inputs were finite
+        return []
+    if seen == "flags" and span.attributes.get(NONFINITE_INPUTS_CHECKED) is True:
+        return [str(path) for path in span.attributes.get(NONFINITE) or () if str(path).startswith("input.")]
+    return None
 
 
 def _graph_of(span: RecoveredSpan, contents: TraceFileContents) -> dict[str, Any] | None:

@@ -44,7 +44,7 @@ GRAPH_LINES = 64  # captured kernels the text report lists under a call (JSON an
 
 # The version of `report --json`'s document (docs/report-json.md): raised
 # with each change a reader of the JSON must know of, with the package's.
-REPORT_SCHEMA = 9
+REPORT_SCHEMA = 10
 
 
 def build_report(files: "list[TraceFileContents | Digest]", last: int = 10,
@@ -233,7 +233,16 @@ def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
     for path, value in call["outputs"].items():  # the proof of a NaN/Inf it produced
         lines.append(f"{indent}  -> {path} = {_render_value(value)}")
     if call.get("nonfinite_seen_by") == "flags":
-        lines.append(f"{indent}  -> its outputs' NaN flags: NaN/Inf (the first flagged call of its step)")
+        fed = call.get("nonfinite_inputs")
+        if fed:
+            lines.append(f"{indent}  its inputs' NaN flags: NaN/Inf in {', '.join(fed)}: it came in from before this "
+                         "call (weights, a cache, or work no recorded call covers)")
+        elif fed is not None:
+            lines.append(f"{indent}  its inputs' NaN flags: all finite: the NaN/Inf starts in this call")
+        lines.append(f"{indent}  -> its outputs' NaN flags: NaN/Inf (the first flagged call of its step)"
+                     if any(path.startswith("output") for path in call.get("nonfinite") or ()) else
+                     f"{indent}  -> its outputs' NaN flags: none set, or none landed (it died in it, raised, or "
+                     "masked them)")
     if call["dump_dir"]:
         lines.append(f"{indent}  inputs dumped to {call['dump_dir']}  (sglang-otel-kernels rerun DIR)")
     graph = call.get("graph")

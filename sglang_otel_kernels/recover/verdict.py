@@ -184,10 +184,17 @@ def layer_text(call: dict[str, Any]) -> str:
 
 def nonfinite_sentence(call: dict[str, Any]) -> str:
     """`the first NaN/Inf from finite inputs came out of <call>, module m, in
-    the rows of request nan-1 (rank 0, ...)`."""
-    first = "the NaN flags saw the first NaN/Inf come out of" if call.get("nonfinite_seen_by") == "flags" else \
-        "the first NaN/Inf from finite inputs came out of"
+    the rows of request nan-1 (rank 0, ...)`; with the NaN flags, `... saw
+    the first NaN/Inf come out of <call>` (`... from finite inputs` where its
+    inputs were flagged, `... go into <call> through input.cache, from before
+    it` where one held it)."""
+    fed = call.get("nonfinite_inputs")
+    first = "the first NaN/Inf from finite inputs came out of"
+    if call.get("nonfinite_seen_by") == "flags":
+        first = "the NaN flags saw the first NaN/Inf " + ("go into" if fed else "come out of")
     what = call["name"]
+    if call.get("nonfinite_seen_by") == "flags" and fed is not None:
+        what += f" through {', '.join(fed)}, from before it" if fed else " from finite inputs"
     graph = call.get("graph") or {}
     if isinstance(graph.get("first_nonfinite"), str):  # a replay: the captured call its flags name
         position, _, name = graph["first_nonfinite"].partition(": ")
