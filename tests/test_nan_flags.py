@@ -119,8 +119,9 @@ def test_a_process_that_dies_a_step_after_the_nan_has_it_named_from_the_flags_fi
     assert first_nonfinite(tmp_path)[1] is None
 
 
-# A NaN no recorded call makes: written into a cache between steps (as a bad KV write or a NaN weight
-# would be), or handed in a list of tensors. The first call it goes into is named with the argument.
+# A NaN no recorded call makes: written into a cache between steps (as a bad KV write would be), into a
+# module's weight (its recorded method's self), or handed in a list of tensors. The first call it goes into
+# is named with the argument.
 FED = r"""
 import os, signal, sys, torch, sglang_otel_kernels as sok
 sys.path.insert(0, BENCH)
@@ -141,6 +142,16 @@ def attn(x, cache, scale=1.0):
 def mix(x, parts):
     return x + parts[0] + parts[1]
 
+class Norm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(8), requires_grad=False)
+
+    @sok.debug_kernel_api(op_name="norm")
+    def forward(self, x):
+        return x * self.weight
+
+norm = Norm()
 cache = torch.zeros(3, 4)
 members = [(None, f"r{index}") for index in range(4)]
 with host_reads(refuse=True):
@@ -148,8 +159,10 @@ with host_reads(refuse=True):
         if step == 2:
             if POISON == "cache":
                 cache[1, 2] = float("nan")
+            if POISON == "weight":
+                norm.weight[3] = float("inf")
         with sok.forward_batch(members, name="decode"):
-            y = attn(embed(torch.ones(4, 8)), cache=cache)
+            y = attn(norm(embed(torch.ones(4, 8))), cache=cache)
             mix(y, [torch.ones(8), torch.full((8,), float("inf") if POISON == "list" and step == 2 else 1.0)])
         if step == 2 and ENDING == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -159,27 +172,29 @@ with host_reads(refuse=True):
 @pytest.mark.parametrize("core", ["compiled", "python"])
 @pytest.mark.parametrize("case", [("cache", "live", "1", "input.cache"), ("cache", "kill", "3", "input.cache"),
                                   ("cache", "kill", "1", "input.keyword0"), ("list", "live", "1", "input.arg1"),
-                                  ("list", "kill", "1", "input.arg1")], ids="-".join)
+                                  ("list", "kill", "1", "input.arg1"), ("weight", "live", "1", "input.self"),
+                                  ("weight", "kill", "1", "input.self")], ids="-".join)
 def test_a_nan_that_came_in_through_an_argument_is_told_from_one_a_call_made(tmp_path, core, case):
     """With SGLANG_KERNEL_API_NAN_FLAGS_INPUTS the first flagged call of the
     step is the one the NaN went into, with the argument it came through:
     live, and from the flags file alone after a SIGKILL (a keyword named
     where its span lists the call's keywords, from level 3; its place among
-    them otherwise); a list of tensors is one argument."""
+    them otherwise); a list of tensors is one argument; a module's weight
+    is its recorded method's `input.self`."""
     poison, ending, level, argument = case
     script = FED.replace("BENCH", repr(BENCH)).replace("ENDING", repr(ending)).replace("POISON", repr(poison))
     proc = run_python(script, tmp_path, env={
-        "SGLANG_KERNEL_API_NAN_FLAGS": "1", "SGLANG_KERNEL_API_NAN_FLAGS_INPUTS": "attn,mix",
+        "SGLANG_KERNEL_API_NAN_FLAGS": "1", "SGLANG_KERNEL_API_NAN_FLAGS_INPUTS": "attn,mix,norm",
         "SGLANG_KERNEL_API_LOGLEVEL": level, "SGLANG_KERNEL_API_LOGDEST": "off",
         "SGLANG_KERNEL_API_TRACEFILE": "t.sgltrace", "SGLANG_KERNEL_API_NATIVE": "1" if core == "compiled" else "0"})
     assert proc.returncode == (-signal.SIGKILL if ending == "kill" else 0), proc.stderr
     assert "failed" not in proc.stderr, proc.stderr
     status, first, _ = first_nonfinite(tmp_path)
-    name = "attn" if poison == "cache" else "mix"
+    name, seq = {"cache": ("attn", 11), "list": ("mix", 12), "weight": ("norm", 10)}[poison]
     assert status == (3 if ending == "live" else 1)  # the death, where the process was killed, goes first
     assert first["name"] == name and first["nonfinite_seen_by"] == "flags"
     assert first["nonfinite_inputs"] == [argument] and first["nonfinite"] == [argument, "output"]
-    assert first["seq"] == 8 if poison == "cache" else 9  # step 2's, not a later step's
+    assert first["seq"] == seq  # step 2's, not a later step's
     text = report("t.sgltrace", cwd=tmp_path).stdout
     if ending == "live":
         assert text.startswith(f"the NaN flags saw the first NaN/Inf go into {name} through {argument}, from before "
@@ -259,7 +274,7 @@ def test_a_calls_arguments_slot_is_paired_with_its_outputs_and_counts_from_when_
     arguments' order (before a call flagged between them); one whose call's
     outputs said nothing is a call fed NaN/Inf with no output flagged; one
     whose counts do not fit is a problem, never believed."""
-    from sglang_otel_kernels.record.flag_file import CALL, INPUTS, FlagFile, read_flag_file
+    from sglang_otel_kernels.record.flag_file import CALL, INPUTS, SELF_FIRST, FlagFile, argument_name, read_flag_file
 
     path = str(tmp_path / "f.nanflags")
     written = FlagFile(path, 8, 6)
@@ -272,15 +287,17 @@ def test_a_calls_arguments_slot_is_paired_with_its_outputs_and_counts_from_when_
     written.flags[18:24] = bytes([0, 1, 1, 1, 1, 1])
     written.set_index(4, 2, 5, 1, 0, CALL)
     written.flags[24:30] = bytes([0, 1, 1, 1, 1, 1])
-    written.set_index(5, 4, 6, 0, 1, INPUTS)  # call 4 was fed NaN/Inf; its outputs' flags said nothing
+    written.set_index(5, 4, 6, 1, 1, INPUTS, SELF_FIRST)  # call 4's self was NaN/Inf; its outputs' flags said nothing
     written.flags[30:36] = bytes([0, 1, 1, 1, 1, 1])
     written.set_index(6, 4, 7, 1, 0, CALL)
     written.set_index(7, 5, 8, 3, 2, INPUTS)  # more positional arguments than arguments
     written.flags[42:48] = bytes([0] * 6)
     written.confirm(8)
     found = read_flag_file(path)
-    assert [(f.seq, f.inputs, f.positional, f.arguments, f.output) for f in found.flagged] == [
-        (1, (), 1, 2, True), (2, (2,), 2, 3, True), (3, None, 0, 0, True), (4, (0,), 0, 1, False)]
+    assert [(f.seq, f.inputs, f.positional, f.arguments, f.self_first, f.output) for f in found.flagged] == [
+        (1, (), 1, 2, False, True), (2, (2,), 2, 3, False, True), (3, None, 0, 0, False, True),
+        (4, (0,), 1, 1, True, False)]
+    assert [argument_name(at, 2, True, ["cache"]) for at in range(3)] == ["input.self", "input.arg0", "input.cache"]
     assert len(found.problems) == 1 and "slot 7 is of kind 3" in found.problems[0]
 
 

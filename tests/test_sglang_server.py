@@ -450,7 +450,8 @@ def test_poisoned_layer_then_sigkill_mid_request(sglang_python, models, backends
         assert page.startswith("sglang_process_crashed{") and 'sglang_process_reason="killed"' in page, page
 
 
-def test_poisoned_layer_named_by_the_nan_flags_at_level_1(sglang_python, models, backends, tmp_path):
+@pytest.mark.parametrize("inputs", [False, True], ids=["outputs", "inputs"])
+def test_poisoned_layer_named_by_the_nan_flags_at_level_1(sglang_python, models, backends, tmp_path, inputs):
     """The same poisoned layer served at level 1 with the NaN flags
     (SGLANG_KERNEL_API_NAN_FLAGS=1) instead of level 5: no statistics, no
     synchronisation, and still the layer's call, its module path and the
@@ -458,9 +459,13 @@ def test_poisoned_layer_named_by_the_nan_flags_at_level_1(sglang_python, models,
     back ends see names the layer, and so does the NaN/Inf counter the
     Collector serves to Prometheus (the KernelMadeNaN ticket's labels). With
     SGLANG_SANITIZE_NAN_LOGITS the request is served a healthy 200 from
-    logits it turned from NaN/Inf into numbers: its trace says so."""
+    logits it turned from NaN/Inf into numbers: its trace says so. With
+    the linear ops' arguments flagged too, the NaN is seen going into the
+    layer's call through its weight (the layer, its first argument), not
+    coming out of finite inputs."""
     _, collector = backends
-    server = Server(sglang_python, tmp_path, models["poisoned"], 1, SGLANG_KERNEL_API_NAN_FLAGS="1",
+    asked = {"SGLANG_KERNEL_API_NAN_FLAGS_INPUTS": "sglang.quant_method.*"} if inputs else {}
+    server = Server(sglang_python, tmp_path, models["poisoned"], 1, SGLANG_KERNEL_API_NAN_FLAGS="1", **asked,
                     SGLANG_SANITIZE_NAN_LOGITS="1", OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint,
                     OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_METRIC_EXPORT_INTERVAL="1000")
     try:
@@ -488,12 +493,14 @@ def test_poisoned_layer_named_by_the_nan_flags_at_level_1(sglang_python, models,
     finally:
         server.close()
     assert text.returncode == 3, text.stdout + text.stderr
-    assert text.stdout.startswith(f"the NaN flags saw the first NaN/Inf come out of {LINEAR}, module {POISONED}, "
+    said = f"go into {LINEAR} through input.arg0, from before it" if inputs else f"come out of {LINEAR}"
+    assert text.stdout.startswith(f"the NaN flags saw the first NaN/Inf {said}, module {POISONED}, "
                                   "in the rows of request nan-1 (rank 0, "), text.stdout
     document = json.loads(report("--json", path).stdout)
     nonfinite = document["first_nonfinite_output"]
     assert nonfinite["nonfinite_seen_by"] == "flags" and nonfinite["module"] == POISONED
     assert nonfinite["requests"]["request_ids"] == ["nan-1"] and nonfinite["outputs"] == {}
+    assert nonfinite["nonfinite_inputs"] == (["input.arg0"] if inputs else None)
     assert {mark["request_id"] for mark in document["nonfinite_logits"]} == {"nan-1"}
 
 

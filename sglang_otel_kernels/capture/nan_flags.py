@@ -51,7 +51,8 @@ from ..describe.statistics import finite_rows, is_device_error
 from ..describe.tensors import tensors_of
 from ..notices import warn_failed_once, warn_once
 from ..record import batches, processor
-from ..record.flag_file import CALL, INPUTS, NONFINITE_BYTE, REPLAY, WATCH, FlagFile, decode_replay
+from ..record.flag_file import (CALL, INPUTS, NONFINITE_BYTE, REPLAY, SELF_FIRST, WATCH, FlagFile, argument_name,
+                                decode_replay)
 from ..record.setup import on_open
 from ..record.tracefile import nan_flags_path
 from ..record.spans import CALL_SEQ, NAME_, add_attributes, call_context
@@ -83,7 +84,8 @@ class FlagRing:
         # slot -> (its kind, its call or replay, its batch, its first output's rows, rows flagged, its module
         # path or None; for a CALL the order of its INPUTS slot or None, for a REPLAY its NanCheck, for a
         # WATCH its marks' name and attributes and the span it was watched in); an INPUTS slot's: its
-        # positional arguments and all of them for the two counts, its keyword names last
+        # positional arguments and all of them for the two counts, its keyword names and whether its first
+        # argument is the call's self last
         self.slots: list = [None] * SLOTS
         self.marked = None  # the call marked last: its arguments' slot and its outputs' never mark it twice
         self.pending: collections.deque = collections.deque()  # (event or None, first slot, end) copied, not read
@@ -144,12 +146,16 @@ class FlagRing:
         """Before a recorded call runs with `values` (its positional arguments,
         then the keyword ones named `keywords`; the first `skip` its self):
         a flag each of its arguments (a floating tensor, or a list or tuple of
-        them: one for all) into the next slot. Its order, for its outputs'."""
-        arguments = values[skip:skip + SCRATCH]
+        them: one for all; a module, its own parameters: a weight is an input
+        too, its self's where it is a module's method) into the next slot.
+        Its order, for its outputs'."""
+        self_first = bool(skip) and isinstance(values[0], torch.nn.Module)
+        arguments = values[skip - self_first:skip - self_first + SCRATCH]
         found = []
         for position, value in enumerate(arguments):
             group = (value,) if isinstance(value, torch.Tensor) else \
-                value[:_MAX_FOUND] if isinstance(value, (list, tuple)) else ()
+                value[:_MAX_FOUND] if isinstance(value, (list, tuple)) else \
+                tuple(value._parameters.values())[:_MAX_FOUND] if isinstance(value, torch.nn.Module) else ()
             tensors = [tensor for tensor in group
                        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()]
             if tensors:
@@ -164,9 +170,10 @@ class FlagRing:
             for tensor in tensors[1:]:
                 finite_rows(tensor, 1, self.buffer, slot, SCRATCH)
                 self.buffer[slot, position:position + 1].logical_and_(self.buffer[slot, SCRATCH:])
-        positional = min(max(len(values) - len(keywords) - skip, 0), len(arguments))
+        positional = min(max(len(values) - len(keywords) - skip + self_first, 0), len(arguments))
         self._taken(slot, seq, positional, len(arguments), INPUTS,
-                    (INPUTS, call, batches.current(), positional, len(arguments), module, keywords))
+                    (INPUTS, call, batches.current(), positional, len(arguments), module, (keywords, self_first)),
+                    SELF_FIRST if self_first else 0)
         return self.made
 
     def watch(self, tensor: torch.Tensor, name: str, marks: dict) -> None:
@@ -206,9 +213,9 @@ class FlagRing:
             finite_rows(tensor, 1, self.buffer, slot, rows + index)
         self._taken(slot, seq, rows, len(others), kind, (kind, call, batches.current(), leading, rows, module, extra))
 
-    def _taken(self, slot: int, seq: int, rows: int, others: int, kind: int, entry: tuple) -> None:
+    def _taken(self, slot: int, seq: int, rows: int, others: int, kind: int, entry: tuple, marks: int = 0) -> None:
         self.made += 1
-        self.file.set_index(slot, seq, self.made, rows, others, kind)
+        self.file.set_index(slot, seq, self.made, rows, others, kind, marks)
         self.slots[slot] = entry
         if self.made - self.copied >= COPY_EVERY:
             self.copy()
@@ -321,9 +328,9 @@ class FlagRing:
 
 def _fed(entry: tuple, cells: bytes) -> tuple:
     """The names of the arguments an INPUTS slot (`entry`, its `cells`) flagged non-finite."""
-    _, _, _, positional, count, _, keywords = entry
-    return tuple(f"input.arg{at}" if at < positional else f"input.{keywords[at - positional]}"
-                 for at in range(count) if cells[at] == NONFINITE_BYTE)
+    _, _, _, positional, count, _, (keywords, self_first) = entry
+    return tuple(argument_name(at, positional, self_first, keywords) for at in range(count)
+                 if cells[at] == NONFINITE_BYTE)
 
 
 def flagged(call: tuple, name: str, module: "str | None", batch: "batches.Batch | None", leading: int,

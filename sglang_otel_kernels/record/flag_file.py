@@ -35,8 +35,10 @@ A slot's kind says what its flags are:
             (SGLANG_KERNEL_API_NAN_FLAGS_INPUTS; its call number is its
             CALL slot's): one flag an argument, the positional ones (their
             count: the first of the two) then the keyword ones (the second:
-            all of them), a list or tuple of tensors one flag; 1 where the
-            argument is no floating tensor
+            all of them), a list or tuple of tensors one flag, a module the
+            flag of its own parameters; 1 where the argument is no floating
+            tensor. Its last index field is SELF_FIRST where the first
+            positional one is the call's self (a recorded method's module)
 
 A slot's flags land at the step's end, its index when it is taken: a slot is
 trusted only when its order is at most the confirmed one, which the copy
@@ -64,8 +66,9 @@ VERSION = 2
 HEADER = struct.Struct("<8sIIIIQQ")  # magic, version, slots, width, pid, confirmed order, created ns
 HEADER_SIZE = 64
 CONFIRMED_AT = 24  # where the header keeps the confirmed order (8-aligned: a device copy writes it)
-INDEX = struct.Struct("<QQHHHH")  # call number, order, rows, other outputs, kind, reserved
+INDEX = struct.Struct("<QQHHHH")  # call number, order, two counts (rows, other outputs), kind, SELF_FIRST or 0
 CALL, REPLAY, WATCH, INPUTS = 0, 1, 2, 3  # a slot's kinds
+SELF_FIRST = 1
 DIGIT = 255  # a REPLAY slot's numbers: REPLAY_DIGITS digits of base DIGIT, each stored plus 1
 REPLAY_DIGITS = 3
 REPLAY_HEAD = 1 + 2 * REPLAY_DIGITS  # a REPLAY slot's bytes before its rows' flags: the flag, two numbers
@@ -112,13 +115,23 @@ class FlagFile:
         HEADER.pack_into(self.mapping, 0, MAGIC, VERSION, slots, width, os.getpid(), 0, time.time_ns())
         self.header = view[:HEADER_SIZE]
 
-    def set_index(self, slot: int, seq: int, order: int, rows: int, others: int, kind: int,
+    def set_index(self, slot: int, seq: int, order: int, rows: int, others: int, kind: int, marks: int = 0,
                   _pack=INDEX.pack_into) -> None:
-        _pack(self.index, slot * INDEX.size, seq, order, rows, others, kind, 0)
+        _pack(self.index, slot * INDEX.size, seq, order, rows, others, kind, marks)
 
     def confirm(self, order: int) -> None:
         """The flags of slots taken up to `order` are in the file (a copy the host made itself)."""
         struct.pack_into("<Q", self.mapping, CONFIRMED_AT, order)
+
+
+def argument_name(at: int, positional: int, self_first: bool, keywords: "list | tuple") -> str:
+    """The name of an INPUTS slot's argument `at` (of which the first
+    `positional` are positional, the first of them the call's self where
+    `self_first`; `keywords`, the keyword ones' names), as level 5 names
+    it: `input.arg1`, `input.cache`, `input.self`."""
+    if at < positional:
+        return "input.self" if self_first and at == 0 else f"input.arg{at - self_first}"
+    return f"input.{keywords[at - positional]}"
 
 
 def decode_replay(cells: bytes) -> "tuple[int, int, tuple] | None":
@@ -143,7 +156,8 @@ class Flagged:
     call that made it (`position`, 0 for a call). Where the call's
     arguments were flagged too (an INPUTS slot): `inputs`, the positions of
     those whose flags said NaN/Inf (empty: all finite), of its `arguments`
-    flagged, of which the first `positional` are positional; `output`: whether its outputs' flags said
+    flagged, of which the first `positional` are positional (the first its
+    self where `self_first`); `output`: whether its outputs' flags said
     so (a call fed NaN/Inf may die in it or mask it)."""
 
     seq: int
@@ -154,6 +168,7 @@ class Flagged:
     inputs: "tuple | None" = None
     positional: int = 0
     arguments: int = 0
+    self_first: bool = False
     output: bool = True
 
 
@@ -190,9 +205,9 @@ def read_flag_file(path: str) -> "FlagFileContents | None":
     flags_at = HEADER_SIZE + slots * INDEX.size
     unconfirmed, problems = 0, []
     ordered = []
-    inputs = {}  # call number -> (order, positional count, count, flagged positions) of its INPUTS slot
+    inputs = {}  # call number -> (order, positional count, count, self first, flagged positions) of its INPUTS slot
     for slot in range(slots):
-        seq, order, rows, others, kind, _ = INDEX.unpack_from(data, HEADER_SIZE + slot * INDEX.size)
+        seq, order, rows, others, kind, marks = INDEX.unpack_from(data, HEADER_SIZE + slot * INDEX.size)
         if order == 0 or kind == WATCH:
             continue
         if order > confirmed:
@@ -205,7 +220,8 @@ def read_flag_file(path: str) -> "FlagFileContents | None":
                 ordered.append((order, Flagged(seq, replay[1], replay[2], False, replay[0])))
             continue
         if kind == INPUTS and rows <= others <= width:
-            inputs[seq] = (order, rows, others, tuple(at for at in range(others) if cells[at] == NONFINITE_BYTE))
+            inputs[seq] = (order, rows, others, bool(marks & SELF_FIRST) and rows > 0,
+                           tuple(at for at in range(others) if cells[at] == NONFINITE_BYTE))
             continue
         if kind != CALL or rows + others > width:
             problems.append(f"{path}: slot {slot} is of kind {kind} with counts {rows} and {others}, which do not "
@@ -217,15 +233,15 @@ def read_flag_file(path: str) -> "FlagFileContents | None":
         bad = tuple(row for row in range(rows) if cells[row] == NONFINITE_BYTE)
         ordered.append((order, Flagged(seq, rows, bad, NONFINITE_BYTE in cells[rows:])))
     calls = {flagged.seq: at for at, (_, flagged) in enumerate(ordered) if not flagged.position}
-    for seq, (order, positional, count, bad) in inputs.items():
+    for seq, (order, positional, count, self_first, bad) in inputs.items():
         at = calls.get(seq)
         if at is not None:
             flagged = ordered[at][1]
-            flagged.inputs, flagged.positional, flagged.arguments = bad, positional, count
+            flagged.inputs, flagged.positional, flagged.arguments, flagged.self_first = bad, positional, count, self_first
             if bad:  # fed NaN/Inf: it counts from its arguments' flags, taken before its outputs'
                 ordered[at] = (order, flagged)
         elif bad:  # its outputs' flags said nothing, or never landed (it died in it, or raised)
             ordered.append((order, Flagged(seq, 0, (), False, inputs=bad, positional=positional, arguments=count,
-                                           output=False)))
+                                           self_first=self_first, output=False)))
     ordered.sort(key=lambda item: item[0])  # the order slots were taken in: calls and replays alike
     return FlagFileContents(path, pid, confirmed, [item for _, item in ordered], unconfirmed, problems)

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 from .. import files
 from .._version import __version__
 from . import tracefile as fmt
-from .flag_file import read_flag_file
+from .flag_file import argument_name, read_flag_file
 from ..schema import (BATCH_REQUEST_IDS, BLACKBOX, COLLECTIVE_FIELDS, DEATH_SPAN, FATAL_SIGNAL, GRAPH_CALLS,
                       GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_REPLAY, IN_FLIGHT, INPUT_PREFIX, LEVEL,
                       NAME, NONFINITE, NONFINITE_FLAG, NONFINITE_INPUTS_CHECKED, NONFINITE_REQUESTS, SEQ, TRACER_NAME)
@@ -191,13 +191,12 @@ def _argument_names(span: RecoveredSpan, flagged: Any) -> tuple:
     """The names of the arguments whose flags said NaN/Inf (`flagged`, a
     flag_file.Flagged), as level 5 names them: `input.arg1`; a keyword one
     by its name where the span lists every keyword of the call (from level
-    3), else `input.keyword<its place among them>`."""
+    3), else `input.keyword<its place among them>`; `input.self`."""
     names = (key[len(INPUT_PREFIX):].partition(".")[0] for key in span.attributes if key.startswith(INPUT_PREFIX))
     keywords = [name for name in dict.fromkeys(names) if not re.fullmatch(r"arg\d+", name)]
     if len(keywords) != flagged.arguments - flagged.positional:
         keywords = [f"keyword{at}" for at in range(flagged.arguments - flagged.positional)]
-    return tuple(f"input.arg{at}" if at < flagged.positional else f"input.{keywords[at - flagged.positional]}"
-                 for at in flagged.inputs)
+    return tuple(argument_name(at, flagged.positional, flagged.self_first, keywords) for at in flagged.inputs)
 
 
 def _captured_name(graph: Any, position: int) -> str:
