@@ -506,3 +506,17 @@ def test_a_call_whose_flags_a_crash_left_reaches_its_requests_trace_through_repl
         receiver.stop()
     assert copy["name"] == "layer1" and copy["trace_id"] == 3  # r2's trace
     assert copy["attributes"]["sglang.kernel.nonfinite_flag"] is True
+
+
+def test_the_inputs_asked_for_are_patterns_read_from_the_environment_or_given_as_a_list():
+    """SGLANG_KERNEL_API_NAN_FLAGS_INPUTS: comma-separated patterns, blanks
+    ignored; configure() takes a list and refuses a bare string (which would
+    read as one pattern a character) with a clear error."""
+    import sglang_otel_kernels as sok
+    from sglang_otel_kernels.config import config_from_env
+
+    assert config_from_env({"SGLANG_KERNEL_API_NAN_FLAGS_INPUTS": " *rmsnorm*, ,attn "}).nan_flag_inputs == (
+        "*rmsnorm*", "attn")
+    assert config_from_env({}).nan_flag_inputs == ()
+    with pytest.raises(ValueError, match="nan_flag_inputs must be a list of fnmatch patterns"):
+        sok.configure(nan_flag_inputs="*")
