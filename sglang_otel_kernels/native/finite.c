@@ -7,34 +7,41 @@
  * to 3 us each, were most of what the flags cost a call on SGLang's server). */
 
 /* An element is not finite when its exponent bits are all set (NaN and both
- * Infs): `~value & mask` is then 0, so a row is all finite when the least of
- * those is not 0. A minimum over a row vectorises (gcc's -O3). */
+ * Infs): a row is all finite when no element's masked bits equal the mask.
+ * An OR of equality tests vectorises with the baseline x86-64 SSE2 (gcc's
+ * -O3), which a minimum of unsigned words did not (no unsigned compare
+ * there). A float64's exponent is in its high 32-bit word, tested alone on a
+ * little-endian host (SSE2 has no 64-bit equality). 64 KiB here: float32
+ * 4.97 -> 2.41 us, bfloat16 3.12 -> 1.35, float16 3.13 -> 0.93, float64
+ * 9.35 -> 2.19. */
 #if defined(__GNUC__) && !defined(__clang__)
 #define VECTORISED __attribute__((optimize("O3")))
 #else
 #define VECTORISED
 #endif
-#define LEAST_MASKED(type, row, count, mask)                                         \
+#define NONE_ALL_SET(type, row, first, step, count, mask)                            \
     do {                                                                             \
-        const type *v = (const type *)(row);                                         \
-        type least = (mask);                                                         \
-        for (Py_ssize_t i = 0; i < (count); i++) {                                   \
-            type masked = (type)(~v[i] & (mask));                                    \
-            least = masked < least ? masked : least;                                 \
-        }                                                                            \
-        return least != 0;                                                           \
+        const type *v = (const type *)(row) + (first);                               \
+        type set = 0;                                                                \
+        for (Py_ssize_t i = 0; i < (count); i++)                                     \
+            set |= (type)((v[i * (step)] & (mask)) == (mask));                       \
+        return set == 0;                                                             \
     } while (0)
 
 static VECTORISED int finite_row(const unsigned char *row, Py_ssize_t count, int kind) {
     switch (kind) {
     case 2: /* float16 */
-        LEAST_MASKED(uint16_t, row, count, 0x7c00u);
+        NONE_ALL_SET(uint16_t, row, 0, 1, count, 0x7c00u);
     case 3: /* bfloat16 */
-        LEAST_MASKED(uint16_t, row, count, 0x7f80u);
+        NONE_ALL_SET(uint16_t, row, 0, 1, count, 0x7f80u);
     case 4: /* float32 */
-        LEAST_MASKED(uint32_t, row, count, 0x7f800000u);
+        NONE_ALL_SET(uint32_t, row, 0, 1, count, 0x7f800000u);
     default: /* float64 */
-        LEAST_MASKED(uint64_t, row, count, 0x7ff0000000000000ull);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        NONE_ALL_SET(uint32_t, row, 1, 2, count, 0x7ff00000u);
+#else
+        NONE_ALL_SET(uint64_t, row, 0, 1, count, 0x7ff0000000000000ull);
+#endif
     }
 }
 
