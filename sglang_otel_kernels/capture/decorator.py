@@ -477,7 +477,7 @@ def _flag_inputs(site: KernelSite, call: "tuple | None", seq: int, args: tuple, 
                  extra: "dict | None") -> "int | None":
     """A call's arguments flagged before it runs where SGLANG_KERNEL_API_NAN_FLAGS_INPUTS asks (not while a
     graph is captured: its captured calls' outputs are the graph NaN check's): what its outputs' flags name."""
-    if _capturing or not _runtime.flag_inputs:
+    if _capturing:
         return None
     return nan_flags.flag_inputs(call, seq, site.name, args + tuple(kwargs.values()) if kwargs else args,
                                  tuple(kwargs), 1 if site.skip_self and args else 0, extra)
@@ -495,7 +495,8 @@ def _wrap_coroutine(func: F, site: KernelSite, attributes: "dict | None") -> F:
         call = site.begin(args, kwargs, seq, attributes)
         token = awaited(call[0]) if call is not None and call[0] is not None else None
         try:
-            inputs = _flag_inputs(site, call and call[0], seq, args, kwargs, attributes)
+            inputs = _flag_inputs(site, call and call[0], seq, args, kwargs, attributes) if _runtime.flag_inputs \
+                else None
             result = await func(*args, **kwargs)
         except BaseException as exc:
             if token is not None:

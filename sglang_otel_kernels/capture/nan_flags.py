@@ -52,7 +52,7 @@ from ..describe.tensors import tensors_of
 from ..notices import warn_failed_once, warn_once
 from ..record import batches, processor
 from ..record.flag_file import (CALL, INPUTS, NONFINITE_BYTE, REPLAY, SELF_FIRST, WATCH, FlagFile, argument_name,
-                                decode_replay)
+                                decode_replay, flagged_attributes)
 from ..record.setup import on_open
 from ..record.tracefile import nan_flags_path
 from ..record.spans import CALL_SEQ, NAME_, add_attributes, call_context
@@ -348,9 +348,7 @@ def flagged(call: tuple, name: str, module: "str | None", batch: "batches.Batch 
     (`input.arg1`; empty: it made NaN/Inf out of finite ones), named in its
     `nonfinite` beside "output" (`output`: whether its outputs' flags said
     so), as level 5 names them."""
-    attributes: dict = {**more, NONFINITE_FLAG: True, NONFINITE: (*(fed or ()), *(("output",) if output else ()))}
-    if fed is not None:
-        attributes[NONFINITE_INPUTS_CHECKED] = True
+    attributes: dict = {**more, **flagged_attributes(fed, output)}
     owners = batch.owners(leading, bad_rows) if batch is not None and bad_rows else None
     if owners is not None:
         attributes[NONFINITE_REQUESTS] = tuple(owners)[: batches.MAX_NONFINITE_REQUESTS]

@@ -57,6 +57,7 @@ static PyObject *timing(PyObject *module, PyObject *unused) {
 
 static PyObject *recorded_call_timed(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames,
                                      long long *kernel_ns);
+
 static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     long long kernel = -1, entered = now_ns(); /* -1: not recorded here (the Python path records it) */
     PyObject *result = recorded_call_timed(self, args, nargsf, kwnames, &kernel);

@@ -94,21 +94,23 @@ def output_flagged(attributes) -> bool:
     return any(path == "output" or str(path).startswith("output.") for path in attributes.get(NONFINITE) or ())
 
 
+def _failed(attributes, error: bool) -> bool:
+    """It failed (`error`, which a call in flight at a death also is), or was exported as hung."""
+    return error or attributes.get(HUNG) is True or attributes.get(IN_FLIGHT) is True
+
+
 def matters(attributes, error: bool) -> bool:
     """Whether a kernel span is copied into its batch's request traces: it
-    failed (`error`, which a call in flight at a death also is), was exported
-    as hung, or flagged NaN/Inf on an output."""
-    return error or attributes.get(HUNG) is True or attributes.get(IN_FLIGHT) is True or output_flagged(attributes)
+    failed, or flagged NaN/Inf on an output."""
+    return _failed(attributes, error) or output_flagged(attributes)
 
 
 def matters_for_its_flags_alone(attributes, error: bool) -> bool:
     """Whether a kernel span matters only for its NaN flags, which are learnt
     after its end (capture/nan_flags.py, or the reader from the flags file a
     crash left): whoever delivered it as it ended copied it nowhere."""
-    if error or attributes.get(HUNG) is True or attributes.get(IN_FLIGHT) is True:
-        return False
-    return attributes.get(NONFINITE_FLAG) is True and not (attributes.get(HAS_NAN) is True
-                                                           or attributes.get(HAS_INF) is True)
+    return not _failed(attributes, error) and attributes.get(NONFINITE_FLAG) is True and not (
+        attributes.get(HAS_NAN) is True or attributes.get(HAS_INF) is True)
 
 
 def targets(attributes, error: bool, requests: Sequence[Request]) -> list[Request]:

@@ -60,6 +60,7 @@ import struct
 import time
 
 from .. import files
+from ..schema import NONFINITE, NONFINITE_FLAG, NONFINITE_INPUTS_CHECKED
 
 MAGIC = b"SGLNANF1"
 VERSION = 2
@@ -132,6 +133,17 @@ def argument_name(at: int, positional: int, self_first: bool, keywords: "list | 
     if at < positional:
         return "input.self" if self_first and at == 0 else f"input.arg{at - self_first}"
     return f"input.{keywords[at - positional]}"
+
+
+def flagged_attributes(fed: "tuple | None", output: bool) -> dict:
+    """What a call the NaN flags found first in its step is marked with, live
+    (capture/nan_flags.py) or from this file (record/reader.py): `fed`, the
+    names of its arguments that held NaN/Inf where they were flagged too
+    (None: they were not), `output`, whether its outputs' flags said so."""
+    attributes = {NONFINITE_FLAG: True, NONFINITE: (*(fed or ()), *(("output",) if output else ()))}
+    if fed is not None:
+        attributes[NONFINITE_INPUTS_CHECKED] = True
+    return attributes
 
 
 def decode_replay(cells: bytes) -> "tuple[int, int, tuple] | None":

@@ -31,10 +31,10 @@ from typing import Any, Iterable
 from .. import files
 from .._version import __version__
 from . import tracefile as fmt
-from .flag_file import argument_name, read_flag_file
+from .flag_file import argument_name, flagged_attributes, read_flag_file
 from ..schema import (BATCH_REQUEST_IDS, BLACKBOX, COLLECTIVE_FIELDS, DEATH_SPAN, FATAL_SIGNAL, GRAPH_CALLS,
                       GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_REPLAY, IN_FLIGHT, INPUT_PREFIX, LEVEL,
-                      NAME, NONFINITE, NONFINITE_FLAG, NONFINITE_INPUTS_CHECKED, NONFINITE_REQUESTS, SEQ, TRACER_NAME)
+                      NAME, NONFINITE_FLAG, NONFINITE_REQUESTS, SEQ, TRACER_NAME)
 from ..text import utf8
 
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
@@ -174,10 +174,8 @@ def merge_nan_flags(contents: TraceFileContents) -> None:
         if span is None or span.parent_span_id in marked:
             continue
         marked.add(span.parent_span_id)
-        fed = () if flagged.inputs is None else _argument_names(span, flagged)
-        span.attributes.update({NONFINITE_FLAG: True, NONFINITE: (*fed, *(("output",) if flagged.output else ()))})
-        if flagged.inputs is not None:
-            span.attributes[NONFINITE_INPUTS_CHECKED] = True
+        fed = None if flagged.inputs is None else _argument_names(span, flagged)
+        span.attributes.update(flagged_attributes(fed, flagged.output))
         if flagged.position:
             span.attributes[GRAPH_FIRST_NONFINITE] = f"{flagged.position}: " + _captured_name(
                 contents.graphs.get(span.attributes.get(GRAPH_ID)), flagged.position)
