@@ -5,6 +5,7 @@ OpenTelemetry Collector (collector-config/otel-collector.yaml) and
 Prometheus (collector-config/prometheus.yml and the alert rules), each on
 free loopback ports."""
 
+import fcntl
 import json
 import os
 import random
@@ -12,6 +13,7 @@ import re
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -42,20 +44,34 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+# Ports this process holds: a lock file each, kept open while it lives, so
+# that no other test process (xdist's workers, the compat suites running at
+# once) and no later call here hands out the same one before its back end binds.
+_held: dict[int, object] = {}
+_LOCKS = os.path.join(tempfile.gettempdir(), f"sglang-otel-kernels-ports-{os.getuid()}")
+
+
 def port() -> int:
     """A free loopback port below the kernel's ephemeral range: a port the
     kernel gave out (bind to 0) may be given again to any outgoing connection
     (a server's, a client's) before the back end that was to listen on it
     starts, which then fails with "address already in use"."""
     low = _ephemeral_low()
+    os.makedirs(_LOCKS, exist_ok=True)
     for _ in range(200):
         candidate = random.randrange(10000, max(low, 10001))
-        with socket.socket() as probe:
-            try:
+        if candidate in _held:
+            continue
+        lock = open(os.path.join(_LOCKS, str(candidate)), "a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with socket.socket() as probe:
                 probe.bind(("127.0.0.1", candidate))
-            except OSError:
-                continue
-            return candidate
+        except OSError:
+            lock.close()
+            continue
+        _held[candidate] = lock
+        return candidate
     with socket.socket() as probe:  # all taken: the kernel's choice
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -85,6 +101,14 @@ def wait(what: str, probe, timeout: float = 60.0, detail=None):
         time.sleep(0.25)
 
 
+def running(what: str, process: subprocess.Popen, log) -> None:
+    """Raises, with the end of its log, where a back end has exited (a port
+    taken, a bad config) rather than waiting out a probe's timeout."""
+    if process.poll() is not None:
+        with open(log.name) as text:
+            raise AssertionError(f"{what} exited: {text.read()[-2000:]}")
+
+
 class Jaeger:
     """Jaeger v2 on free loopback ports; `config`: a file of collector-config/
     (in-memory storage by default; gateway/jaeger-badger.yaml persists);
@@ -105,7 +129,11 @@ class Jaeger:
         """Starts it (again, after `stop`: same ports, same storage)."""
         self.process = subprocess.Popen([os.path.join(BIN, "jaeger"), "--config", self.config],
                                         env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
-        wait("Jaeger's query API", lambda: get(f"{self.query}/api/services") is not None)
+        wait("Jaeger's query API", self._serving)
+
+    def _serving(self) -> bool:
+        running("Jaeger", self.process, self.log)
+        return get(f"{self.query}/api/services") is not None
 
     def trace(self, trace_id: int) -> dict:
         [trace] = get(f"{self.query}/api/traces/{trace_id:032x}")["data"]
@@ -149,8 +177,7 @@ class Otelcol:
         wait("the Collector's OTLP port", self._listening)
 
     def _listening(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"the Collector exited: {open(self.log.name).read()[-2000:]}")
+        running("the Collector", self.process, self.log)
         socket.create_connection(("127.0.0.1", self.grpc), 1).close()
         return True
 
@@ -230,8 +257,7 @@ class Prometheus:
         wait("Prometheus ready", self._ready)
 
     def _ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"Prometheus exited: {open(self.log.name).read()[-2000:]}")
+        running("Prometheus", self.process, self.log)
         with urllib.request.urlopen(f"{self.url}/-/ready", timeout=5) as response:
             return response.status == 200
 
