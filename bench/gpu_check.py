@@ -854,6 +854,7 @@ def coredump(directory: str) -> dict:
 CHILD_NAN_GRAPH = r"""
 import json, os, signal, statistics, time, torch, sglang_otel_kernels as sok
 KILL = os.environ.get("NAN_GRAPH_KILL") == "1"
+WEIGHT = os.environ.get("NAN_GRAPH_WEIGHT") == "1"  # the NaN in the layers' weight, from before the graph
 if KILL:  # never read live: what the report names comes from the flags file the DMA wrote
     from sglang_otel_kernels.capture import nan_flags
     nan_flags.FlagRing._first_flagged = lambda self, start, end: None
@@ -876,8 +877,10 @@ graph = torch.cuda.CUDAGraph()
 with torch.cuda.graph(graph):
     out = step()
 graph.replay()
-scale.fill_(float("nan"))
+saved = w[0, 0].clone()
+(w[0, 0] if WEIGHT else scale).fill_(float("nan"))
 graph.replay()
+w[0, 0].copy_(saved)
 scale.fill_(1.0)
 graph.replay()
 torch.cuda.synchronize()
@@ -901,7 +904,9 @@ def nan_check(directory: str) -> dict:
 
     result: dict = {"claim": "the second replay's span names '3: sglang.custom_op.layer2'; the others none; the "
                              "check's cost per replay (check on against off); killed by SIGKILL after the replays "
-                             "without reading their flags, the report names it from the flags file alone"}
+                             "without reading their flags, the report names it from the flags file alone; with the "
+                             "NaN flags and the layers' inputs at level 1, a NaN put in their weight before the "
+                             "second replay goes into '1: sglang.custom_op.layer0' through input.arg1, from the file"}
     for check in ("0", "1"):
         path = os.path.join(directory, f"nan_graph_{check}.sgltrace")
         proc = child(CHILD_NAN_GRAPH, directory, SGLANG_KERNEL_API_LOGLEVEL="5", SGLANG_KERNEL_API_LOGDEST="off",
@@ -924,6 +929,20 @@ def nan_check(directory: str) -> dict:
                                      "named": (first.get("graph") or {}).get("first_nonfinite")}
     except ValueError:
         result["check 1, killed"] = f"FAILED: {report.stderr.strip()[-400:]} {proc.stderr.strip()[-400:]}"
+    path = os.path.join(directory, "nan_graph_inputs.sgltrace")
+    proc = child(CHILD_NAN_GRAPH, directory, SGLANG_KERNEL_API_LOGLEVEL="1", SGLANG_KERNEL_API_LOGDEST="off",
+                 SGLANG_KERNEL_API_TRACEFILE=path, SGLANG_KERNEL_API_NAN_FLAGS="1",
+                 SGLANG_KERNEL_API_NAN_FLAGS_INPUTS="sglang.custom_op.layer*", NAN_GRAPH_KILL="1", NAN_GRAPH_WEIGHT="1")
+    report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", path, "--json"],
+                            capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    try:
+        first = json.loads(report.stdout)["first_nonfinite_output"] or {}
+        result["flags and inputs, weight poisoned, killed"] = {
+            "exit": proc.returncode, "named": (first.get("graph") or {}).get("first_nonfinite"),
+            "nonfinite_inputs": first.get("nonfinite_inputs")}
+    except ValueError:
+        result["flags and inputs, weight poisoned, killed"] = \
+            f"FAILED: {report.stderr.strip()[-400:]} {proc.stderr.strip()[-400:]}"
     return result
 
 

@@ -91,7 +91,7 @@ GRAPH_POSITION = "sglang.cuda_graph.position"  # a captured call's place in its 
 GRAPH_CALLS = "sglang.cuda_graph.calls"  # on a replay: how many calls the graph captured
 GRAPH_REPLAY = "sglang.cuda_graph.replay"  # on a replay: its number among the graph's replays, from 1
 GRAPH_CAPTURED = "sglang.cuda_graph.captured"  # on a replay in flight: its graph's calls, "name (shapes)"
-GRAPH_FIRST_NONFINITE = "sglang.cuda_graph.first_nonfinite"  # on a replay (the NaN check): "3: sglang.custom_op.rmsnorm", its first captured call that made NaN/Inf
+GRAPH_FIRST_NONFINITE = "sglang.cuda_graph.first_nonfinite"  # on a replay (the NaN check): "3: sglang.custom_op.rmsnorm", its first captured call that made NaN/Inf (or was fed it)
 GRAPH_SUSPECT = "sglang.cuda_graph.suspect"  # on a call that met a device error: "graph 3, replay 17", the newest replay before
 # On the call or replay in flight when a CUDA core dump of its process records a device fault (recover/device_faults.py).
 CUDA_EXCEPTION = "sglang.cuda.exception"  # CUDBGException_t less its prefix: WARP_ILLEGAL_ADDRESS, WARP_ASSERT, ...

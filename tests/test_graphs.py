@@ -316,9 +316,10 @@ def test_the_nan_check_names_the_first_captured_call_that_made_nan_on_its_replay
     flagged call on that replay's span, not on the others."""
     proc = run_python(_app(NAN_CHECK, level=level), tmp_path, env={"SGLANG_KERNEL_API_GRAPH_NAN_CHECK": check})
     assert proc.returncode == 0, proc.stderr
-    # Three calls captured, a slot and two rows (their outputs are 2x4) each, after the calls' slots.
-    assert proc.stdout.split("\n")[-2] == ("([False, True, False, False], [(1, (4096, 2)), (2, (4098, 2)), "
-                                           "(3, (4100, 2))])" if named else "None")
+    # Three calls captured, a slot and two rows (their outputs are 2x4) each, after the calls' slots and
+    # their arguments' (none flagged here).
+    assert proc.stdout.split("\n")[-2] == ("([False, True, False, False], [(1, (8192, 2)), (2, (8194, 2)), "
+                                           "(3, (8196, 2))])" if named else "None")
     replays = _replays(sok.read_trace(tmp_path / "t.sgltrace"))
     marks = [span.attributes.get("sglang.cuda_graph.first_nonfinite") for span in replays]
     assert marks == ([None, "2: layer.mlp", None, "2: layer.mlp"] if named else [None] * 4)
@@ -394,6 +395,65 @@ def test_a_graph_replays_nan_flags_survive_a_crash_a_step_later_in_the_flags_fil
     report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", path, "--json"],
                             capture_output=True, text=True, timeout=120)
     assert json.loads(report.stdout)["first_nonfinite_output"] is None
+
+
+GRAPH_INPUTS = """
+@sok.debug_kernel_api(op_name="layer.attn_cache")
+def attend(x, cache=None):
+    return x @ cache
+
+from sglang_otel_kernels.capture import nan_flags
+if LIVE is False:
+    nan_flags.FlagRing._first_flagged = lambda self, start, end: None  # never read live (as a GPU a step late)
+graph = StandInGraph()
+x, cache = torch.ones(2, 4), torch.ones(4, 4)
+cache[1, 2] = float("nan")  # a NaN in the cache, from before the graph: its captured reductions see it
+with capturing():
+    graph.capture_begin()
+    out = mlp(attend(mlp(x), cache=cache))
+    graph.capture_end()
+check = graph._sglang_otel_kernels_graph.nan
+graph.at, graph.then = 1, check.summarise  # the replay's kernels, the summary's last (on the CPU: run again)
+with sok.forward_batch(carriers, name="decode_batch"):
+    graph.replay()
+if LIVE is False:
+    with sok.forward_batch(carriers, name="decode_batch"):  # a step later
+        mlp(torch.ones(1))
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("asked, live, level, named", [
+    ("layer.attn*", True, 1, "input.cache"), ("", True, 1, None),
+    ("layer.attn*", False, 3, "input.cache"), ("layer.attn*", False, 1, "input.keyword0")])
+def test_a_graphs_captured_call_fed_nan_through_an_argument_is_named_with_it_live_and_after_a_kill(
+        tmp_path, asked, live, level, named):
+    """SGLANG_KERNEL_API_NAN_FLAGS_INPUTS reaches calls captured into a CUDA
+    graph: their arguments' reductions are captured before them, and the
+    replay's summary names the first captured call that made NaN/Inf or
+    was fed it, with the arguments that held it: a cache poisoned before
+    the graph is said to go into the attention through input.cache, not to
+    start there. Live, and from the files alone after a SIGKILL a step
+    later (the keyword's name from the captured call's span where its
+    level lists keywords, else its place)."""
+    proc = run_python(_app(GRAPH_INPUTS.replace("LIVE", repr(live)), level=level, nan_flags=True,
+                           nan_flag_inputs=[asked] if asked else []), tmp_path)
+    assert proc.returncode == (0 if live else -signal.SIGKILL), proc.stderr
+    report = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path / "t.sgltrace"),
+                             "--json"], capture_output=True, text=True, timeout=120)
+    first = json.loads(report.stdout)["first_nonfinite_output"]
+    assert first["graph"]["first_nonfinite"] == "2: layer.attn_cache" and first["nonfinite_seen_by"] == "flags", first
+    assert first["requests"]["request_ids"] == ["req-1", "req-2"], first  # the cache's NaN column: every row
+    assert first["nonfinite_inputs"] == ([named] if named else None), first
+    text = subprocess.run([sys.executable, "-m", "sglang_otel_kernels", "report", str(tmp_path / "t.sgltrace")],
+                          capture_output=True, text=True, timeout=120).stdout
+    where = "layer.attn_cache (captured call 2) in replay 1 of CUDA graph 1"
+    headline = (f"the NaN flags saw the first NaN/Inf go into {where} through {named}, from before it, " if named else
+                f"the NaN flags saw the first NaN/Inf come out of {where}, ")
+    if live:
+        assert text.startswith(headline), text
+    else:  # the death leads; the replay a step before it says what its captured call was fed
+        assert text.startswith("the process died ") and f"its inputs' NaN flags: NaN/Inf in {named}: " in text, text
 
 
 def test_level_0_wraps_no_cuda_graph_and_a_failed_capture_leaves_nothing_behind(tmp_path):

@@ -224,46 +224,66 @@ for k in (1.0, 2.0, float("inf"), 3.0):
     assert status == 3 and first["name"] == "scale" and first["seq"] == 3
 
 
-def test_the_flags_file_trusts_a_slot_only_once_its_copy_is_confirmed(tmp_path):
-    from sglang_otel_kernels.record.flag_file import CALL, REPLAY, WATCH, FlagFile, read_flag_file
+def _replay_cells(head: list, arguments: list, rows: list, width: int = 32) -> bytes:
+    """A REPLAY slot's bytes: the flag, two numbers, its output's flag and three counts (`head`, 11 bytes),
+    then its arguments' flags (16 bytes), then its rows'."""
+    cells = bytes(head + arguments + [1] * (16 - len(arguments)) + rows)
+    return cells + bytes([1]) * (width - len(cells))
 
+
+def test_the_flags_file_trusts_a_slot_only_once_its_copy_is_confirmed(tmp_path):
+    from sglang_otel_kernels.record.flag_file import CALL, REPLAY, REPLAY_HEAD, WATCH, FlagFile, read_flag_file
+
+    assert REPLAY_HEAD == 27  # the layout _replay_cells writes
     path = str(tmp_path / "f.nanflags")
-    written = FlagFile(path, 8, 12)
+    written = FlagFile(path, 8, 32)
     written.set_index(0, 5, 1, 4, 1, CALL)
-    written.flags[0:12] = bytes([1, 1, 0, 1, 0] + [1] * 7)  # row 2 and the other output: non-finite
+    written.flags[0:32] = bytes([1, 1, 0, 1, 0] + [1] * 27)  # row 2 and the other output: non-finite
     written.set_index(1, 0, 2, 2, 0, WATCH)  # a watched tensor's: never read from the file
-    written.flags[12:24] = bytes([0, 0] + [1] * 10)
-    # A graph's replay (call number 9 << 40 | 3): captured call 258 = 3 + 1 * 255, in rows 1 and 3 of its 4.
+    written.flags[32:64] = bytes([0, 0] + [1] * 30)
+    # A graph's replay (call number 9 << 40 | 3): captured call 258 = 3 + 1 * 255 made NaN/Inf, in rows 1 and 3
+    # of its 4; its arguments were not flagged.
     written.set_index(2, (9 << 40) | 3, 3, 0, 0, REPLAY)
-    written.flags[24:36] = bytes([0, 4, 2, 1, 5, 1, 1, 1, 0, 1, 0, 1])
+    written.flags[64:96] = _replay_cells([0, 4, 2, 1, 5, 1, 1, 0, 1, 1, 1], [], [1, 0, 1, 0])
     written.set_index(3, 6, 4, 1, 0, CALL)
-    written.flags[36:48] = bytes([0] + [1] * 11)
+    written.flags[96:128] = bytes([0] + [1] * 31)
+    # Replay 4 of graph 9: captured call 1 was fed NaN/Inf through its second argument (of two, one positional)
+    # and its outputs' flags said nothing.
+    written.set_index(4, (9 << 40) | 4, 5, 0, 0, REPLAY)
+    written.flags[128:160] = _replay_cells([0, 2, 1, 1, 3, 1, 1, 1, 3, 2, 1], [1, 0], [1, 1])
     found = read_flag_file(path)
-    assert found.flagged == [] and found.unconfirmed == 3  # nothing confirmed yet: no flag is believed
+    assert found.flagged == [] and found.unconfirmed == 4  # nothing confirmed yet: no flag is believed
     written.confirm(3)
     found = read_flag_file(path)
-    assert [(f.seq, f.rows, f.bad_rows, f.other_output, f.position) for f in found.flagged] == [
-        (5, 4, (2,), True, 0), ((9 << 40) | 3, 4, (1, 3), False, 258)]
-    assert found.unconfirmed == 1 and found.pid == os.getpid() and found.problems == []
+    assert [(f.seq, f.rows, f.bad_rows, f.other_output, f.position, f.inputs, f.output) for f in found.flagged] == [
+        (5, 4, (2,), True, 0, None, True), ((9 << 40) | 3, 4, (1, 3), False, 258, None, True)]
+    assert found.unconfirmed == 2 and found.pid == os.getpid() and found.problems == []
+    written.confirm(5)
+    replay = read_flag_file(path).flagged[-1]
+    assert (replay.seq, replay.position, replay.rows, replay.bad_rows, replay.inputs, replay.positional,
+            replay.arguments, replay.self_first, replay.output) == ((9 << 40) | 4, 1, 2, (), (1,), 1, 2, False, False)
     with pytest.raises(FileExistsError):  # never over an earlier file
-        FlagFile(path, 8, 12)
+        FlagFile(path, 8, 32)
 
 
 def test_a_flags_files_damaged_slots_are_never_believed(tmp_path):
     """Hostile slots: a replay's number with a 0 digit (not what the graph
-    writes), a replay naming position 0, a kind no writer has: none is a
-    flagged call, and an unknown kind is said."""
+    writes), a replay naming position 0, one with more positional arguments
+    than arguments, one with more arguments than a slot holds, a kind no
+    writer has: none is a flagged call, and an unknown kind is said."""
     from sglang_otel_kernels.record.flag_file import REPLAY, FlagFile, read_flag_file
 
     path = str(tmp_path / "f.nanflags")
-    written = FlagFile(path, 4, 12)
-    written.set_index(0, 7, 1, 0, 0, REPLAY)
-    written.flags[0:12] = bytes([0, 0, 2, 1, 2, 1, 1, 0, 0, 0, 0, 0])  # a 0 among the digits
-    written.set_index(1, 8, 2, 0, 0, REPLAY)
-    written.flags[12:24] = bytes([0, 1, 1, 1, 2, 1, 1, 0, 0, 0, 0, 0])  # position 0
-    written.set_index(2, 9, 3, 1, 0, 7)
-    written.flags[24:36] = bytes([0] * 12)
-    written.confirm(3)
+    written = FlagFile(path, 8, 32)
+    for slot, head in enumerate([[0, 0, 2, 1, 2, 1, 1, 0, 1, 1, 1],  # a 0 among the digits
+                                 [0, 1, 1, 1, 2, 1, 1, 0, 1, 1, 1],  # position 0
+                                 [0, 2, 1, 1, 2, 1, 1, 0, 2, 3, 1],  # 2 positional of 1 argument
+                                 [0, 2, 1, 1, 2, 1, 1, 0, 18, 1, 1]]):  # 17 arguments
+        written.set_index(slot, 7 + slot, 1 + slot, 0, 0, REPLAY)
+        written.flags[32 * slot:32 * (slot + 1)] = _replay_cells(head, [0] * 16, [0])
+    written.set_index(4, 11, 5, 1, 0, 7)
+    written.flags[128:160] = bytes([0] * 32)
+    written.confirm(5)
     found = read_flag_file(path)
     assert found.flagged == [] and len(found.problems) == 1 and "kind 7" in found.problems[0]
 

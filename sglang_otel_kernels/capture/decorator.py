@@ -446,6 +446,10 @@ class GraphWatch(Protocol):
     def healthy(self) -> None:
         """The recorder synchronised and saw no device error."""
 
+    def captured_inputs(self, marks: "dict | None", name: str, values: tuple, keywords: tuple, skip: int) -> None:
+        """Before a call captured into a graph runs with `values` (positional, then keyword ones named
+        `keywords`; the first `skip` its self), where its arguments are flagged."""
+
     def captured_output(self, marks: dict, result: Any) -> None:
         """After a call captured into a graph returned `result` (`marks`: what `captured` added)."""
 
@@ -475,12 +479,14 @@ def capturing(delta: int) -> None:
 
 def _flag_inputs(site: KernelSite, call: "tuple | None", seq: int, args: tuple, kwargs: dict,
                  extra: "dict | None") -> "int | None":
-    """A call's arguments flagged before it runs where SGLANG_KERNEL_API_NAN_FLAGS_INPUTS asks (not while a
-    graph is captured: its captured calls' outputs are the graph NaN check's): what its outputs' flags name."""
+    """A call's arguments flagged before it runs where SGLANG_KERNEL_API_NAN_FLAGS_INPUTS asks (while a
+    graph is captured, by the graph NaN check's captured reductions): what its outputs' flags name."""
+    values, keywords, skip = args + tuple(kwargs.values()) if kwargs else args, tuple(kwargs), \
+        1 if site.skip_self and args else 0
     if _capturing:
+        _graphs.captured_inputs(extra, site.name, values, keywords, skip)
         return None
-    return nan_flags.flag_inputs(call, seq, site.name, args + tuple(kwargs.values()) if kwargs else args,
-                                 tuple(kwargs), 1 if site.skip_self and args else 0, extra)
+    return nan_flags.flag_inputs(call, seq, site.name, values, keywords, skip, extra)
 
 
 def _wrap_coroutine(func: F, site: KernelSite, attributes: "dict | None") -> F:

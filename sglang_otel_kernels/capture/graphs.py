@@ -47,7 +47,7 @@ from ..record.spans import CALL_SEQ, captured_calls
 from ..record.tracefile import FLAG_GRAPH_REPLAY, MAX_GRAPH_CALLS, REPLAY_SHIFT, replay_fields
 from ..schema import (GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_POSITION, GRAPH_REPLAY, GRAPH_SUSPECT, HAS_INF, HAS_NAN,
                       MODULE, REPLAY_NAME)
-from ..record.flag_file import DIGIT, REPLAY_DIGITS, REPLAY_HEAD
+from ..record.flag_file import DIGIT, REPLAY_DIGITS, REPLAY_HEAD, REPLAY_INPUTS, Flagged, argument_names
 from . import decorator, nan_flags
 from .nan_flags import WIDTH
 from .collectives import MAX_TENSORS, tensor_fields
@@ -56,7 +56,11 @@ from .patches import Instrumentation, Patch
 _ATTRIBUTE = "_sglang_otel_kernels_graph"  # where a graph object keeps its Graph
 _RECORDED = "_sglang_otel_kernels_recorded"  # on our wrappers of a graph class's methods
 MAX_OUTPUTS = 64  # tensors of a graph's outputs checked after each replay
-ROW_SLOTS = 1 << 16  # the NaN check's slots for rows of captured calls' outputs, per graph
+# The NaN check's device buffer, per graph: a flag each captured call's outputs, one each whether its
+# arguments (where flagged) held NaN/Inf, then ROW_SLOTS for its first output's rows and its arguments, one each.
+FED = MAX_GRAPH_CALLS
+ROWS_AT = 2 * MAX_GRAPH_CALLS
+ROW_SLOTS = 1 << 16
 
 
 @dataclasses.dataclass
@@ -66,8 +70,11 @@ class Capture:
     graph_id: int
     calls: list = dataclasses.field(default_factory=list)  # (name, input shapes, input dtypes)
     left_out: int = 0  # calls past MAX_GRAPH_CALLS
-    flags: "torch.Tensor | None" = None  # the NaN check's device buffer, a slot per captured call, then rows
+    flags: "torch.Tensor | None" = None  # the NaN check's device buffer (FED, ROWS_AT)
     rows: dict = dataclasses.field(default_factory=dict)  # position -> (where its rows' slots start, how many)
+    # position -> (where its arguments' slots start, how many, how many positional, 1 where the first is its self)
+    inputs: dict = dataclasses.field(default_factory=dict)
+    keywords: dict = dataclasses.field(default_factory=dict)  # position -> its keyword arguments' names
     rows_used: int = 0
     modules: dict = dataclasses.field(default_factory=dict)  # position -> its call's module path, where known
     nan_failed: bool = False  # a captured reduction could not be made: no NaN check for this graph
@@ -77,32 +84,39 @@ class NanCheck:
     """A graph's NaN flags (SGLANG_KERNEL_API_GRAPH_NAN_CHECK at level 5, and
     the NaN flags at any level: capture/nan_flags.py). Its captured
     reductions write, on each replay, a flag a captured call into a device
-    buffer, then the flags of its first output's rows; kernels captured at
-    the capture's end reduce those to a summary in the layout of the flag
-    ring's REPLAY slots (record/flag_file.py: whether a call made NaN/Inf,
-    the first one's position and rows count, a flag a row). After each
-    replay the summary is copied into the ring (one device copy, nothing
-    read), which lands it in the crash-safe flags file with the step's
-    other flags and reads it once landed, from host memory; the first
-    flagged call names the captured call on the replay's span, with the
-    requests of its flagged rows where the replay's batch maps rows to
-    requests (`flagged`). Made while the graph is captured: it launches
+    buffer, then the flags of its first output's rows, and where
+    SGLANG_KERNEL_API_NAN_FLAGS_INPUTS names it, before it runs, a flag each
+    of its arguments and whether one held NaN/Inf; kernels captured at the
+    capture's end reduce those to a summary in the layout of the flag
+    ring's REPLAY slots (record/flag_file.py: whether a call made or was fed
+    NaN/Inf, the first one's position and rows count, its outputs' and
+    arguments' flags, a flag a row). After each replay the summary is copied
+    into the ring (one device copy, nothing read), which lands it in the
+    crash-safe flags file with the step's other flags and reads it once
+    landed, from host memory; the first flagged call names the captured
+    call on the replay's span, with the requests of its flagged rows where
+    the replay's batch maps rows to requests, and the arguments that held
+    NaN/Inf (`flagged`). Made while the graph is captured: it launches
     nothing but the summary's kernels (captured); the tables they read are
     filled once the capture has ended (`fill`)."""
 
-    __slots__ = ("flags", "names", "modules", "rows", "summary", "_table", "_offsets", "_powers")
+    __slots__ = ("flags", "names", "modules", "keywords", "rows", "inputs", "summary", "_table", "_offsets",
+                 "_powers")
 
-    def __init__(self, flags: "torch.Tensor", names: list, modules: dict) -> None:
+    def __init__(self, flags: "torch.Tensor", names: list, modules: dict, keywords: dict) -> None:
         self.flags = flags
         self.names = names  # by position - 1
         self.modules = modules  # by position
+        self.keywords = keywords  # by position: its keyword arguments' names, where its arguments are flagged
         self.rows: dict = {}  # position -> (where its rows' flags start, how many), once filled
+        self.inputs: dict = {}  # position -> (where its arguments' flags start, how many, ...), once filled
         device = flags.device
         # No host-to-device copy here (none is allowed while a graph is captured): the constants are made by
         # kernels, which the graph then runs on each replay too (cheap), and the table is filled later; a
         # capture launches nothing, so the summary never reads it unfilled but on the CPU (a stand-in graph).
         make = torch.empty if flags.is_cuda else torch.zeros
-        self._table = make(len(names), 2, dtype=torch.int64, device=device)  # position - 1 -> start, rows
+        # position - 1 -> its rows' start and count, its arguments' start, count, positional count, self first
+        self._table = make(len(names), 6, dtype=torch.int64, device=device)
         self._offsets = torch.arange(WIDTH - REPLAY_HEAD, device=device)
         self._powers = torch.pow(DIGIT, self._offsets[:REPLAY_DIGITS])  # 1, DIGIT, DIGIT ** 2
         self.summary = torch.empty(WIDTH, dtype=torch.uint8, device=device)
@@ -110,27 +124,39 @@ class NanCheck:
 
     def summarise(self) -> None:
         """This replay's flags into `summary` (captured: run on each replay)."""
-        hit = self.flags[:len(self.names)].view(torch.uint8)
-        made, first = hit.max(0)  # the first captured call that made NaN/Inf, if one did
-        start, rows = self._table.index_select(0, first.view(1)).unbind(1)
+        count = len(self.names)
+        every = self.flags.view(torch.uint8)
+        made_here = every[:count]
+        # The first captured call that made NaN/Inf or was fed it, if one did.
+        made, first = torch.maximum(made_here, every[FED:FED + count]).max(0)
+        start, rows, fed_at, fed, positional, self_first = self._table.index_select(0, first.view(1)).unbind(1)
         rows = rows * made
         numbers = torch.cat([(first.view(1) + 1) * made, rows]).view(2, 1)
         digits = numbers.div(self._powers, rounding_mode="floor").remainder_(DIGIT).add_(1).view(-1)
-        flagged = self.flags.view(torch.uint8).index_select(0, start + self._offsets) * (self._offsets < rows)
-        self.summary.copy_(torch.cat([(1 - made).view(1), digits, 1 - flagged]))
+        counts = torch.cat([fed, positional, self_first]) * made + 1
+        arguments = self._offsets[:REPLAY_INPUTS]
+        fed_flags = every.index_select(0, fed_at + arguments) * (arguments < fed) * made
+        flagged = every.index_select(0, start + self._offsets) * (self._offsets < rows)
+        self.summary.copy_(torch.cat([(1 - made).view(1), digits, 1 - made_here.index_select(0, first.view(1)) * made,
+                                      counts, 1 - fed_flags, 1 - flagged]))
 
-    def fill(self, rows: dict) -> None:
-        """Its calls' rows (position -> (where their flags start, how many)), once the capture has ended."""
-        self.rows = rows
-        table = [rows.get(position, (0, 0)) for position in range(1, len(self.names) + 1)]
-        self._table.copy_(torch.tensor(table, dtype=torch.int64).view(-1, 2))
+    def fill(self, rows: dict, inputs: dict) -> None:
+        """Its calls' rows (position -> (where their flags start, how many))
+        and arguments (position -> (where theirs start, how many, how many
+        positional, self first)), once the capture has ended."""
+        self.rows, self.inputs = rows, inputs
+        table = [(*rows.get(position, (0, 0)), *inputs.get(position, (0, 0, 0, 0)))
+                 for position in range(1, len(self.names) + 1)]
+        self._table.copy_(torch.tensor(table, dtype=torch.int64).view(-1, 6))
 
-    def flagged(self, call: tuple, batch: "batches.Batch | None", position: int, rows: int, bad_rows: tuple) -> None:
-        """The replay `call` whose summary said captured call `position` made
-        NaN/Inf, in `bad_rows` of its first output's `rows`: marked."""
+    def flagged(self, call: tuple, batch: "batches.Batch | None", replay: Flagged) -> None:
+        """The replay `call` whose summary (`replay`) said captured call
+        `replay.position` made or was fed NaN/Inf: marked."""
+        position = replay.position
         name = self.names[position - 1] if position <= len(self.names) else "?"
-        nan_flags.flagged(call, name, self.modules.get(position), batch, rows, list(bad_rows),
-                          **{GRAPH_FIRST_NONFINITE: f"{position}: {name}"})
+        fed = None if replay.inputs is None else argument_names(replay, self.keywords.get(position, ()))
+        nan_flags.flagged(call, name, self.modules.get(position), batch, replay.rows, list(replay.bad_rows), fed=fed,
+                          output=replay.output, **{GRAPH_FIRST_NONFINITE: f"{position}: {name}"})
 
 
 class Graph:
@@ -206,33 +232,82 @@ def captured(name: str, args: tuple, kwargs: dict, extra: "dict | None") -> "dic
     return {**extra, **marks} if extra else marks
 
 
+def _checked(marks: "dict | None") -> "tuple[Capture, int] | None":
+    """The graph this thread captures and the place `marks` give a call in
+    it, where the NaN check flags its calls; else None."""
+    captures = getattr(_local, "captures", None)
+    position = marks.get(GRAPH_POSITION) if marks else None
+    if not _checks["nan"] or not captures or captures[-1].nan_failed or not position or position > MAX_GRAPH_CALLS:
+        return None
+    return captures[-1], position
+
+
+def _flags_on(capture: Capture, device: torch.device) -> torch.Tensor:
+    if capture.flags is None:
+        # Padded: the summary reads a slot's worth of rows from where the first flagged call's start.
+        capture.flags = torch.zeros(ROWS_AT + ROW_SLOTS + WIDTH, dtype=torch.bool, device=device)
+    return capture.flags
+
+
+def _room(capture: Capture, count: int) -> "int | None":
+    """Where `count` flags of a call's rows or arguments start, while the graph's slots last."""
+    if not 0 < count <= ROW_SLOTS - capture.rows_used:
+        return None
+    capture.rows_used += count
+    return ROWS_AT + capture.rows_used - count
+
+
+def captured_inputs(marks: "dict | None", name: str, values: tuple, keywords: tuple, skip: int) -> None:
+    """With the NaN check on, before a call captured into a graph runs where
+    SGLANG_KERNEL_API_NAN_FLAGS_INPUTS names it: captured reductions (no
+    synchronisation; they run on each replay, before the call's kernels)
+    write a flag each of its arguments (as nan_flags.arguments_of finds
+    them) and whether one held NaN/Inf."""
+    checked = _checked(marks)
+    if checked is None or not nan_flags.inputs_wanted(name):
+        return
+    capture, position = checked
+    found, positional, count, self_first = nan_flags.arguments_of(values, keywords, skip, REPLAY_INPUTS)
+    device = capture.flags.device if capture.flags is not None else found[0][1][0].device if found else None
+    found = [(at, [tensor for tensor in tensors if tensor.device == device]) for at, tensors in found]
+    found = [(at, tensors) for at, tensors in found if tensors]
+    start = _room(capture, count) if found else None
+    if start is None:
+        return
+    try:
+        flags = _flags_on(capture, device)
+        for at, tensors in found:
+            flags[start + at] = torch.stack([(~tensor.isfinite()).any() for tensor in tensors]).any()
+        flags[FED + position - 1] = flags[start:start + count].any()
+        capture.inputs[position] = (start, count, positional, int(self_first))
+        capture.keywords[position] = keywords
+    except Exception as exc:
+        capture.nan_failed = True
+        warn_failed_once("capturing the NaN check of a CUDA graph's call's arguments", exc)
+
+
 def captured_output(marks: dict, result: Any) -> None:
     """With the NaN check on, after a call captured into a graph: a captured
     reduction (no synchronisation; it runs on each replay) writes whether its
     floating outputs hold NaN/Inf into its slot of the graph's flag buffer."""
-    captures = getattr(_local, "captures", None)
-    position = marks.get(GRAPH_POSITION)
-    if not _checks["nan"] or not captures or captures[-1].nan_failed or not position or position > MAX_GRAPH_CALLS:
+    checked = _checked(marks)
+    if checked is None:
         return
-    capture = captures[-1]
+    capture, position = checked
     floats = [tensor for tensor in tensors_of(result, MAX_OUTPUTS) if tensor.is_floating_point() and tensor.numel()]
     if capture.flags is not None:
         floats = [tensor for tensor in floats if tensor.device == capture.flags.device]
     if not floats:
         return
     try:
-        if capture.flags is None:
-            # Padded: the summary reads a slot's worth of rows from where the first flagged call's start.
-            capture.flags = torch.zeros(MAX_GRAPH_CALLS + ROW_SLOTS + WIDTH, dtype=torch.bool,
-                                        device=floats[0].device)
-        capture.flags[position - 1] = torch.stack([(~tensor.isfinite()).any() for tensor in floats]).any()
+        flags = _flags_on(capture, floats[0].device)
+        flags[position - 1] = torch.stack([(~tensor.isfinite()).any() for tensor in floats]).any()
         # Its first output's rows (a batch's requests', where the batch maps them), while the graph's slots last.
         count = floats[0].shape[0] if floats[0].dim() else 0
-        if 0 < count <= ROW_SLOTS - capture.rows_used:
-            start = MAX_GRAPH_CALLS + capture.rows_used
-            capture.flags[start: start + count] = (~floats[0].isfinite()).reshape(count, -1).any(1)
+        start = _room(capture, count)
+        if start is not None:
+            flags[start: start + count] = (~floats[0].isfinite()).reshape(count, -1).any(1)
             capture.rows[position] = (start, count)
-            capture.rows_used += count
     except Exception as exc:
         capture.nan_failed = True
         warn_failed_once("capturing the NaN check of a CUDA graph's call", exc)
@@ -268,7 +343,8 @@ def _end(original: Callable) -> Callable:
         check = None
         if capture is not None and capture.flags is not None and not capture.nan_failed:
             try:  # still captured: the summary's kernels join the graph
-                check = NanCheck(capture.flags, [name for name, _, _ in capture.calls], capture.modules)
+                check = NanCheck(capture.flags, [name for name, _, _ in capture.calls], capture.modules,
+                                 capture.keywords)
             except Exception as exc:
                 warn_failed_once("capturing the summary of a CUDA graph's NaN check", exc)
         try:
@@ -280,7 +356,7 @@ def _end(original: Callable) -> Callable:
             try:
                 info = Graph(capture.graph_id)
                 if check is not None:
-                    check.fill(capture.rows)
+                    check.fill(capture.rows, capture.inputs)
                     info.nan = check
                 _keep(graph, info)
                 captured_calls[capture.graph_id] = len(capture.calls) + capture.left_out

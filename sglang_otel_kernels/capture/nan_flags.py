@@ -20,9 +20,10 @@ requests. A crash loses at most the calls since the last step's end;
 `report` reads the rest from the file (record/reader.py).
 
 Calls captured into a CUDA graph are flagged by the graph's NaN check
-(capture/graphs.py), whose captured kernels reduce each replay's flags to
-one slot's worth, copied into this ring after the replay: a replay is a
-slot like a call, and survives a crash the same way. A tensor watched
+(capture/graphs.py), whose captured kernels reduce each replay's flags
+(their arguments' too, where asked) to one slot's worth, copied into this
+ring after the replay: a replay is a slot like a call, and survives a
+crash the same way. A tensor watched
 outside any call (`watch`: SGLang's logits) takes a slot too. So do the
 arguments of a call whose name SGLANG_KERNEL_API_NAN_FLAGS_INPUTS matches,
 before it runs (a flag an argument): its flagged mark then says whether the
@@ -30,7 +31,8 @@ NaN/Inf came in through an argument (from before the call: weights, a
 cache, work no recorded call covers) or out of finite ones. One device a
 process (the first flagged tensor's); tensors on another are not flagged.
 torch.compile tracing and CUDA graph capture never reach this (the
-decorator calls straight through; a graph's calls are its NaN check's).
+decorator calls straight through; a graph's calls, their arguments among
+them, are its NaN check's).
 """
 
 from __future__ import annotations
@@ -149,17 +151,7 @@ class FlagRing:
         them: one for all; a module, its own parameters: a weight is an input
         too, its self's where it is a module's method) into the next slot.
         Its order, for its outputs'."""
-        self_first = bool(skip) and isinstance(values[0], torch.nn.Module)
-        arguments = values[skip - self_first:skip - self_first + SCRATCH]
-        found = []
-        for position, value in enumerate(arguments):
-            group = (value,) if isinstance(value, torch.Tensor) else \
-                value[:_MAX_FOUND] if isinstance(value, (list, tuple)) else \
-                tuple(value._parameters.values())[:_MAX_FOUND] if isinstance(value, torch.nn.Module) else ()
-            tensors = [tensor for tensor in group
-                       if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()]
-            if tensors:
-                found.append((position, tensors))
+        found, positional, count, self_first = arguments_of(values, keywords, skip, SCRATCH)
         if not found or not self._device_of(found[0][1][0]):
             return None
         slot = self.made % SLOTS
@@ -170,9 +162,8 @@ class FlagRing:
             for tensor in tensors[1:]:
                 finite_rows(tensor, 1, self.buffer, slot, SCRATCH)
                 self.buffer[slot, position:position + 1].logical_and_(self.buffer[slot, SCRATCH:])
-        positional = min(max(len(values) - len(keywords) - skip + self_first, 0), len(arguments))
-        self._taken(slot, seq, positional, len(arguments), INPUTS,
-                    (INPUTS, call, batches.current(), positional, len(arguments), module, (keywords, self_first)),
+        self._taken(slot, seq, positional, count, INPUTS,
+                    (INPUTS, call, batches.current(), positional, count, module, (keywords, self_first)),
                     SELF_FIRST if self_first else 0)
         return self.made
 
@@ -284,7 +275,7 @@ class FlagRing:
             replay = decode_replay(cells)
             if replay is None:
                 return False
-            extra.flagged(call, batch, *replay)
+            extra.flagged(call, batch, replay)
             return True
         if kind == INPUTS:
             fed = _fed(self.slots[slot], cells)
@@ -324,6 +315,28 @@ class FlagRing:
             if entry[0] == CALL and entry[6] == order:
                 return (later - 1) % SLOTS
         return None
+
+
+def arguments_of(values: tuple, keywords: tuple, skip: int, cap: int) -> "tuple[list, int, int, bool]":
+    """What of a call's arguments (`values`: positional then keyword ones,
+    named `keywords`; the first `skip` its self) is flagged, up to `cap` of
+    them: (position, its floating tensors) of each that has some (a tensor;
+    a list or tuple of them; a module, its own parameters: a weight is an
+    input too, its self's where it is a module's method), how many of the
+    `count` flagged are positional, whether the first is its self."""
+    self_first = bool(skip) and isinstance(values[0], torch.nn.Module)
+    arguments = values[skip - self_first:skip - self_first + cap]
+    found = []
+    for position, value in enumerate(arguments):
+        group = (value,) if isinstance(value, torch.Tensor) else \
+            value[:_MAX_FOUND] if isinstance(value, (list, tuple)) else \
+            tuple(value._parameters.values())[:_MAX_FOUND] if isinstance(value, torch.nn.Module) else ()
+        tensors = [tensor for tensor in group
+                   if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()]
+        if tensors:
+            found.append((position, tensors))
+    positional = min(max(len(values) - len(keywords) - skip + self_first, 0), len(arguments))
+    return found, positional, len(arguments), self_first
 
 
 def _fed(entry: tuple, cells: bytes) -> tuple:
@@ -460,15 +473,20 @@ def ask_inputs(patterns: tuple) -> None:
         _inputs_wanted.clear()
 
 
+def inputs_wanted(name: str) -> bool:
+    """Whether SGLANG_KERNEL_API_NAN_FLAGS_INPUTS names the kernel `name` (its patterns matched once a name)."""
+    wanted = _inputs_wanted.get(name)
+    if wanted is None:
+        wanted = _inputs_wanted[name] = any(fnmatch.fnmatchcase(name, pattern) for pattern in _input_patterns)
+    return wanted
+
+
 def flag_inputs(call: "tuple | None", seq: int, name: str, values: tuple, keywords: tuple, skip: int,
                 extra: "dict | None") -> "int | None":
     """Before a recorded call of `name` runs (the decorator's): its arguments
     flagged where SGLANG_KERNEL_API_NAN_FLAGS_INPUTS names it (FlagRing.inputs);
     what its outputs' `flag` is given."""
-    wanted = _inputs_wanted.get(name)
-    if wanted is None:
-        wanted = _inputs_wanted[name] = any(fnmatch.fnmatchcase(name, pattern) for pattern in _input_patterns)
-    if not wanted:
+    if not inputs_wanted(name):
         return None
     try:
         return _the_ring().inputs(call, seq, values, keywords, skip, extra.get(MODULE) if extra else None)

@@ -24,11 +24,16 @@ A slot's kind says what its flags are:
             was written
     REPLAY  a CUDA graph's replay (its call number packs the graph and the
             replay), reduced on the device by the graph itself: byte 0 is
-            0 when a captured call made NaN/Inf; bytes 1-3 the first such
-            call's position in the graph, bytes 4-6 the rows of its first
-            output, each number in three digits of base 255, the least
-            first, each digit stored plus 1 (never 0, the non-finite
-            byte); then a flag a row of those, as many as the slot holds
+            0 when a captured call made NaN/Inf or was fed it (its
+            arguments flagged, SGLANG_KERNEL_API_NAN_FLAGS_INPUTS); bytes
+            1-3 the first such call's position in the graph, bytes 4-6 the
+            rows of its first output, each number in three digits of base
+            255, the least first, each digit stored plus 1 (never 0, the
+            non-finite byte); byte 7 its outputs' flag; bytes 8-10 plus 1
+            each: its arguments flagged (0: they were not), how many of
+            them are positional, 1 where the first is its self; bytes
+            11-26 a flag each of those arguments (REPLAY_INPUTS); then a
+            flag a row of its first output's, as many as the slot holds
     WATCH   a tensor watched outside any call (SGLang's logits): not read
             from the file
     INPUTS  a recorded call's tensor arguments, taken before it runs
@@ -63,7 +68,7 @@ from .. import files
 from ..schema import NONFINITE, NONFINITE_FLAG, NONFINITE_INPUTS_CHECKED
 
 MAGIC = b"SGLNANF1"
-VERSION = 2
+VERSION = 3
 HEADER = struct.Struct("<8sIIIIQQ")  # magic, version, slots, width, pid, confirmed order, created ns
 HEADER_SIZE = 64
 CONFIRMED_AT = 24  # where the header keeps the confirmed order (8-aligned: a device copy writes it)
@@ -72,7 +77,11 @@ CALL, REPLAY, WATCH, INPUTS = 0, 1, 2, 3  # a slot's kinds
 SELF_FIRST = 1
 DIGIT = 255  # a REPLAY slot's numbers: REPLAY_DIGITS digits of base DIGIT, each stored plus 1
 REPLAY_DIGITS = 3
-REPLAY_HEAD = 1 + 2 * REPLAY_DIGITS  # a REPLAY slot's bytes before its rows' flags: the flag, two numbers
+REPLAY_OUTPUT = 1 + 2 * REPLAY_DIGITS  # a REPLAY slot's byte after the flag and two numbers: its call's outputs'
+REPLAY_COUNTS = REPLAY_OUTPUT + 1  # then three counts plus 1: its arguments flagged, positional, self first
+REPLAY_ARGUMENTS = REPLAY_COUNTS + 3  # then a flag each of up to REPLAY_INPUTS arguments
+REPLAY_INPUTS = 16
+REPLAY_HEAD = REPLAY_ARGUMENTS + REPLAY_INPUTS  # a REPLAY slot's bytes before its rows' flags
 MAX_SLOTS = 1 << 16
 MAX_WIDTH = 1 << 12
 MAX_SIZE = HEADER_SIZE + MAX_SLOTS * (INDEX.size + MAX_WIDTH)
@@ -135,6 +144,15 @@ def argument_name(at: int, positional: int, self_first: bool, keywords: "list | 
     return f"input.{keywords[at - positional]}"
 
 
+def argument_names(flagged: "Flagged", keywords: "list | tuple") -> tuple:
+    """The names of the arguments whose flags said NaN/Inf (`flagged.inputs`),
+    its keyword ones by `keywords` where those name each, else
+    `input.keyword<its place among them>`."""
+    if len(keywords) != flagged.arguments - flagged.positional:
+        keywords = [f"keyword{at}" for at in range(flagged.arguments - flagged.positional)]
+    return tuple(argument_name(at, flagged.positional, flagged.self_first, keywords) for at in flagged.inputs or ())
+
+
 def flagged_attributes(fed: "tuple | None", output: bool) -> dict:
     """What a call the NaN flags found first in its step is marked with, live
     (capture/nan_flags.py) or from this file (record/reader.py): `fed`, the
@@ -146,18 +164,24 @@ def flagged_attributes(fed: "tuple | None", output: bool) -> dict:
     return attributes
 
 
-def decode_replay(cells: bytes) -> "tuple[int, int, tuple] | None":
-    """A REPLAY slot's `cells`: (the position of the first captured call that
-    made NaN/Inf, its first output's rows, the flagged ones among those the
-    slot holds); None when none did or the slot is not one."""
-    if len(cells) < REPLAY_HEAD or cells[0] != NONFINITE_BYTE or 0 in cells[1:REPLAY_HEAD]:
+def decode_replay(cells: bytes, seq: int = 0) -> "Flagged | None":
+    """A REPLAY slot's `cells` (of replay `seq`): the first captured call that
+    made NaN/Inf or was fed it, with its first output's rows, the flagged
+    ones among those the slot holds and, where its arguments were flagged,
+    theirs; None when none did or the slot is not one."""
+    if len(cells) < REPLAY_HEAD or cells[0] != NONFINITE_BYTE or 0 in cells[1:REPLAY_OUTPUT] \
+            or 0 in cells[REPLAY_COUNTS:REPLAY_ARGUMENTS]:
         return None
     position, rows = (sum((digit - 1) * DIGIT ** power for power, digit in enumerate(cells[at:at + REPLAY_DIGITS]))
                       for at in (1, 1 + REPLAY_DIGITS))
-    if position < 1:
+    count, positional, self_first = (cells[at] - 1 for at in range(REPLAY_COUNTS, REPLAY_ARGUMENTS))
+    if position < 1 or count > REPLAY_INPUTS or positional > count or self_first > 1:
         return None
+    inputs = tuple(at for at in range(count) if cells[REPLAY_ARGUMENTS + at] == NONFINITE_BYTE) if count else None
     flags = cells[REPLAY_HEAD: REPLAY_HEAD + rows]
-    return position, rows, tuple(row for row, flag in enumerate(flags) if flag == NONFINITE_BYTE)
+    return Flagged(seq, rows, tuple(row for row, flag in enumerate(flags) if flag == NONFINITE_BYTE), False, position,
+                   inputs, positional, count, bool(self_first) and positional > 0,
+                   cells[REPLAY_OUTPUT] == NONFINITE_BYTE)
 
 
 @dataclasses.dataclass
@@ -166,7 +190,8 @@ class Flagged:
     output flagged (of `rows` it had flagged per row), whether an other
     output was; for a CUDA graph's replay, the position of the captured
     call that made it (`position`, 0 for a call). Where the call's
-    arguments were flagged too (an INPUTS slot): `inputs`, the positions of
+    arguments were flagged too (an INPUTS slot; a replay's captured call's
+    in its REPLAY slot): `inputs`, the positions of
     those whose flags said NaN/Inf (empty: all finite), of its `arguments`
     flagged, of which the first `positional` are positional (the first its
     self where `self_first`); `output`: whether its outputs' flags said
@@ -227,9 +252,9 @@ def read_flag_file(path: str) -> "FlagFileContents | None":
             continue
         cells = data[flags_at + slot * width: flags_at + (slot + 1) * width]
         if kind == REPLAY:
-            replay = decode_replay(cells)
+            replay = decode_replay(cells, seq)
             if replay is not None:
-                ordered.append((order, Flagged(seq, replay[1], replay[2], False, replay[0])))
+                ordered.append((order, replay))
             continue
         if kind == INPUTS and rows <= others <= width:
             inputs[seq] = (order, rows, others, bool(marks & SELF_FIRST) and rows > 0,

@@ -31,10 +31,10 @@ from typing import Any, Iterable
 from .. import files
 from .._version import __version__
 from . import tracefile as fmt
-from .flag_file import argument_name, flagged_attributes, read_flag_file
+from .flag_file import argument_names, flagged_attributes, read_flag_file
 from ..schema import (BATCH_REQUEST_IDS, BLACKBOX, COLLECTIVE_FIELDS, DEATH_SPAN, FATAL_SIGNAL, GRAPH_CALLS,
-                      GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_REPLAY, IN_FLIGHT, INPUT_PREFIX, LEVEL,
-                      NAME, NONFINITE_FLAG, NONFINITE_REQUESTS, SEQ, TRACER_NAME)
+                      GRAPH_CAPTURED, GRAPH_FIRST_NONFINITE, GRAPH_ID, GRAPH_POSITION, GRAPH_REPLAY, IN_FLIGHT,
+                      INPUT_PREFIX, LEVEL, NAME, NONFINITE_FLAG, NONFINITE_REQUESTS, SEQ, TRACER_NAME)
 from ..text import utf8
 
 IN_FLIGHT_DESCRIPTION = "the process ended during this call (no end record)"
@@ -156,12 +156,14 @@ def merge_nan_flags(contents: TraceFileContents) -> None:
                                  "not landed when the process ended (those since its last step's end)")
     if not found.flagged:
         return
-    calls, replays = {}, {}
+    calls, replays, captured = {}, {}, {}
     for span in contents.spans:
         if GRAPH_REPLAY in span.attributes:
             replays[(span.attributes.get(GRAPH_ID), span.attributes[GRAPH_REPLAY])] = span
         elif NAME in span.attributes:
             calls[span.attributes.get(SEQ)] = span
+            if GRAPH_POSITION in span.attributes:  # made while a graph was captured: its keywords name its replays'
+                captured[(span.attributes.get(GRAPH_ID), span.attributes[GRAPH_POSITION])] = span
     marked = {span.parent_span_id for span in (*calls.values(), *replays.values())
               if span.attributes.get(NONFINITE_FLAG) is True}
     by_id = {span.span_id: span for span in contents.spans}
@@ -174,7 +176,8 @@ def merge_nan_flags(contents: TraceFileContents) -> None:
         if span is None or span.parent_span_id in marked:
             continue
         marked.add(span.parent_span_id)
-        fed = None if flagged.inputs is None else _argument_names(span, flagged)
+        named = captured.get((span.attributes.get(GRAPH_ID), flagged.position), span) if flagged.position else span
+        fed = None if flagged.inputs is None else _argument_names(named, flagged)
         span.attributes.update(flagged_attributes(fed, flagged.output))
         if flagged.position:
             span.attributes[GRAPH_FIRST_NONFINITE] = f"{flagged.position}: " + _captured_name(
@@ -188,13 +191,11 @@ def merge_nan_flags(contents: TraceFileContents) -> None:
 def _argument_names(span: RecoveredSpan, flagged: Any) -> tuple:
     """The names of the arguments whose flags said NaN/Inf (`flagged`, a
     flag_file.Flagged), as level 5 names them: `input.arg1`; a keyword one
-    by its name where the span lists every keyword of the call (from level
-    3), else `input.keyword<its place among them>`; `input.self`."""
+    by its name where the call's span (a replay's: its captured call's, made
+    at capture) lists every keyword of the call (from level 3), else
+    `input.keyword<its place among them>`; `input.self`."""
     names = (key[len(INPUT_PREFIX):].partition(".")[0] for key in span.attributes if key.startswith(INPUT_PREFIX))
-    keywords = [name for name in dict.fromkeys(names) if not re.fullmatch(r"arg\d+", name)]
-    if len(keywords) != flagged.arguments - flagged.positional:
-        keywords = [f"keyword{at}" for at in range(flagged.arguments - flagged.positional)]
-    return tuple(argument_name(at, flagged.positional, flagged.self_first, keywords) for at in flagged.inputs)
+    return argument_names(flagged, [name for name in dict.fromkeys(names) if not re.fullmatch(r"arg\d+", name)])
 
 
 def _captured_name(graph: Any, position: int) -> str:

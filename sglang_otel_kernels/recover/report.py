@@ -256,7 +256,8 @@ def call_lines(call: dict[str, Any], indent: str = "  ") -> list[str]:
         lines.append(f"{indent}  {where}: one of these {count} captured kernels" +
                      (":" if count else " (its capture was not recorded)"))
         if graph.get("first_nonfinite"):
-            lines.append(f"{indent}  the first captured call that made NaN/Inf in this replay (the NaN check): "
+            lines.append(f"{indent}  the first captured call that made NaN/Inf in this replay (or was fed it, where "
+                         "its arguments were flagged; the NaN check): "
                          f"{graph['first_nonfinite']}")
         for number, kernel in enumerate(graph["calls"][:GRAPH_LINES], 1):
             shapes = ", ".join(kernel["shapes"])

@@ -193,12 +193,12 @@ def nonfinite_sentence(call: dict[str, Any]) -> str:
     if call.get("nonfinite_seen_by") == "flags":
         first = "the NaN flags saw the first NaN/Inf " + ("go into" if fed else "come out of")
     what = call["name"]
-    if call.get("nonfinite_seen_by") == "flags" and fed is not None:
-        what += f" through {', '.join(fed)}, from before it" if fed else " from finite inputs"
     graph = call.get("graph") or {}
     if isinstance(graph.get("first_nonfinite"), str):  # a replay: the captured call its flags name
         position, _, name = graph["first_nonfinite"].partition(": ")
         what = f"{name} (captured call {position}) in replay {graph.get('replay')} of CUDA graph {graph.get('id')}"
+    if call.get("nonfinite_seen_by") == "flags" and fed is not None:
+        what += f" through {', '.join(fed)}, from before it" if fed else " from finite inputs"
     parts = [f"{first} {what}", layer_text(call)]
     requests = call.get("requests") or {}
     if ids := requests.get("request_ids"):
