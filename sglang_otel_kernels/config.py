@@ -93,9 +93,10 @@ class KernelTraceConfig:
         Calls captured into a CUDA graph get the graph NaN check.
     nan_flag_inputs: with nan_flags on, fnmatch patterns on the kernel name
         ("*": every call): the tensor arguments of the calls they match are
-        flagged too, before the call runs (a flag an argument: a list or
-        tuple of tensors is one; a module, or a module method's self, by its
-        own parameters), so the first flagged call says whether
+        flagged too, before the call runs (a flag an argument: a list, tuple
+        or dict of tensors is one; a module, or a module method's self, by
+        its own parameters and buffers; in CUDA graphs too), so the first
+        flagged call says whether
         the NaN/Inf came in through an input or out of finite inputs. Each
         such argument is read whole on its device: name ops whose inputs
         are activations, not a KV cache pool.

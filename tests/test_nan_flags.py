@@ -120,8 +120,8 @@ def test_a_process_that_dies_a_step_after_the_nan_has_it_named_from_the_flags_fi
 
 
 # A NaN no recorded call makes: written into a cache between steps (as a bad KV write would be), into a
-# module's weight (its recorded method's self), or handed in a list of tensors. The first call it goes into
-# is named with the argument.
+# module's weight or buffer (its recorded method's self), or handed in a list or a dict of tensors. The first
+# call it goes into is named with the argument.
 FED = r"""
 import os, signal, sys, torch, sglang_otel_kernels as sok
 sys.path.insert(0, BENCH)
@@ -146,10 +146,11 @@ class Norm(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(8), requires_grad=False)
+        self.register_buffer("shift", torch.zeros(8))
 
     @sok.debug_kernel_api(op_name="norm")
     def forward(self, x):
-        return x * self.weight
+        return x * self.weight + self.shift
 
 norm = Norm()
 cache = torch.zeros(3, 4)
@@ -161,9 +162,12 @@ with host_reads(refuse=True):
                 cache[1, 2] = float("nan")
             if POISON == "weight":
                 norm.weight[3] = float("inf")
+            if POISON == "buffer":
+                norm.shift[5] = float("nan")
         with sok.forward_batch(members, name="decode"):
             y = attn(norm(embed(torch.ones(4, 8))), cache=cache)
-            mix(y, [torch.ones(8), torch.full((8,), float("inf") if POISON == "list" and step == 2 else 1.0)])
+            parts = [torch.ones(8), torch.full((8,), float("inf") if POISON in ("list", "dict") and step == 2 else 1.0)]
+            mix(y, dict(enumerate(parts)) if POISON == "dict" else parts)
         if step == 2 and ENDING == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -172,15 +176,16 @@ with host_reads(refuse=True):
 @pytest.mark.parametrize("core", ["compiled", "python"])
 @pytest.mark.parametrize("case", [("cache", "live", "1", "input.cache"), ("cache", "kill", "3", "input.cache"),
                                   ("cache", "kill", "1", "input.keyword0"), ("list", "live", "1", "input.arg1"),
-                                  ("list", "kill", "1", "input.arg1"), ("weight", "live", "1", "input.self"),
-                                  ("weight", "kill", "1", "input.self")], ids="-".join)
+                                  ("list", "kill", "1", "input.arg1"), ("dict", "live", "1", "input.arg1"),
+                                  ("weight", "live", "1", "input.self"), ("weight", "kill", "1", "input.self"),
+                                  ("buffer", "live", "1", "input.self")], ids="-".join)
 def test_a_nan_that_came_in_through_an_argument_is_told_from_one_a_call_made(tmp_path, core, case):
     """With SGLANG_KERNEL_API_NAN_FLAGS_INPUTS the first flagged call of the
     step is the one the NaN went into, with the argument it came through:
     live, and from the flags file alone after a SIGKILL (a keyword named
     where its span lists the call's keywords, from level 3; its place among
-    them otherwise); a list of tensors is one argument; a module's weight
-    is its recorded method's `input.self`."""
+    them otherwise); a list or a dict of tensors is one argument; a
+    module's weight or buffer is its recorded method's `input.self`."""
     poison, ending, level, argument = case
     script = FED.replace("BENCH", repr(BENCH)).replace("ENDING", repr(ending)).replace("POISON", repr(poison))
     proc = run_python(script, tmp_path, env={
@@ -190,7 +195,8 @@ def test_a_nan_that_came_in_through_an_argument_is_told_from_one_a_call_made(tmp
     assert proc.returncode == (-signal.SIGKILL if ending == "kill" else 0), proc.stderr
     assert "failed" not in proc.stderr, proc.stderr
     status, first, _ = first_nonfinite(tmp_path)
-    name, seq = {"cache": ("attn", 11), "list": ("mix", 12), "weight": ("norm", 10)}[poison]
+    name, seq = {"cache": ("attn", 11), "list": ("mix", 12), "dict": ("mix", 12), "weight": ("norm", 10),
+                 "buffer": ("norm", 10)}[poison]
     assert status == (3 if ending == "live" else 1)  # the death, where the process was killed, goes first
     assert first["name"] == name and first["nonfinite_seen_by"] == "flags"
     assert first["nonfinite_inputs"] == [argument] and first["nonfinite"] == [argument, "output"]

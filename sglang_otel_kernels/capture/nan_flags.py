@@ -41,6 +41,7 @@ import atexit
 import collections
 import ctypes
 import fnmatch
+import itertools
 import os
 from typing import Any
 
@@ -147,10 +148,8 @@ class FlagRing:
                module: "str | None") -> "int | None":
         """Before a recorded call runs with `values` (its positional arguments,
         then the keyword ones named `keywords`; the first `skip` its self):
-        a flag each of its arguments (a floating tensor, or a list or tuple of
-        them: one for all; a module, its own parameters: a weight is an input
-        too, its self's where it is a module's method) into the next slot.
-        Its order, for its outputs'."""
+        a flag each of its arguments (`arguments_of`: one for all the
+        tensors of one) into the next slot. Its order, for its outputs'."""
         found, positional, count, self_first = arguments_of(values, keywords, skip, SCRATCH)
         if not found or not self._device_of(found[0][1][0]):
             return None
@@ -321,16 +320,19 @@ def arguments_of(values: tuple, keywords: tuple, skip: int, cap: int) -> "tuple[
     """What of a call's arguments (`values`: positional then keyword ones,
     named `keywords`; the first `skip` its self) is flagged, up to `cap` of
     them: (position, its floating tensors) of each that has some (a tensor;
-    a list or tuple of them; a module, its own parameters: a weight is an
-    input too, its self's where it is a module's method), how many of the
-    `count` flagged are positional, whether the first is its self."""
+    a list, tuple or dict of them; a module, its own parameters and buffers:
+    a weight is an input too, its self's where it is a module's method),
+    how many of the `count` flagged are positional, whether the first is
+    its self."""
     self_first = bool(skip) and isinstance(values[0], torch.nn.Module)
     arguments = values[skip - self_first:skip - self_first + cap]
     found = []
     for position, value in enumerate(arguments):
         group = (value,) if isinstance(value, torch.Tensor) else \
             value[:_MAX_FOUND] if isinstance(value, (list, tuple)) else \
-            tuple(value._parameters.values())[:_MAX_FOUND] if isinstance(value, torch.nn.Module) else ()
+            tuple(itertools.islice(value.values(), _MAX_FOUND)) if isinstance(value, dict) else \
+            tuple(itertools.islice(itertools.chain(value._parameters.values(), value._buffers.values()),
+                                   _MAX_FOUND)) if isinstance(value, torch.nn.Module) else ()
         tensors = [tensor for tensor in group
                    if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel()]
         if tensors:

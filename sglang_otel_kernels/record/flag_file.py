@@ -40,10 +40,11 @@ A slot's kind says what its flags are:
             (SGLANG_KERNEL_API_NAN_FLAGS_INPUTS; its call number is its
             CALL slot's): one flag an argument, the positional ones (their
             count: the first of the two) then the keyword ones (the second:
-            all of them), a list or tuple of tensors one flag, a module the
-            flag of its own parameters; 1 where the argument is no floating
-            tensor. Its last index field is SELF_FIRST where the first
-            positional one is the call's self (a recorded method's module)
+            all of them), a list, tuple or dict of tensors one flag, a
+            module the flag of its own parameters and buffers; 1 where the
+            argument is no floating tensor. Its last index field is
+            SELF_FIRST where the first positional one is the call's self (a
+            recorded method's module)
 
 A slot's flags land at the step's end, its index when it is taken: a slot is
 trusted only when its order is at most the confirmed one, which the copy
