@@ -546,3 +546,27 @@ def test_the_inputs_asked_for_are_patterns_read_from_the_environment_or_given_as
     assert config_from_env({}).nan_flag_inputs == ()
     with pytest.raises(ValueError, match="nan_flag_inputs must be a list of fnmatch patterns"):
         sok.configure(nan_flag_inputs="*")
+
+
+@pytest.mark.parametrize("core", ["compiled", "python"])
+def test_whether_a_calls_inputs_are_flagged_is_asked_again_when_the_patterns_change(tmp_path, core):
+    """Each site asks once whether its name is among the patterns (the
+    compiled core keeps the answer on the site): configured anew, a call its
+    old answer left unflagged has its arguments flagged, and back."""
+    proc = run_python("""
+import torch, sglang_otel_kernels as sok
+from sglang_otel_kernels.capture import nan_flags
+sok.configure(level=1, log_dest="off", trace_file="t.sgltrace", nan_flags=True, nan_flag_inputs=["other"])
+@sok.debug_kernel_api(op_name="scale")
+def scale(x):
+    return x * 2
+taken = []
+for patterns in (["other"], ["sc*"], ["other"]):
+    sok.configure(nan_flag_inputs=patterns)
+    before = nan_flags._ring.made if nan_flags._ring else 0
+    scale(torch.ones(2))
+    taken.append(nan_flags._ring.made - before)  # its outputs' slot, and its arguments' where flagged
+print(taken, sok.NATIVE)
+""", tmp_path, env={"SGLANG_KERNEL_API_NATIVE": "1" if core == "compiled" else "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[1,", "2,", "1]", str(core == "compiled")], proc.stdout

@@ -92,7 +92,8 @@ class _Runtime:
             core.native.set_runtime(self.spans, self.bare_upto, self.spans.flags if self.spans is not None else 0,
                                     self.described_upto)
             core.native.set_nan_flags(nan_flags.flag_native if self.nan_flags else None,
-                                      nan_flags.flag_inputs_native if self.flag_inputs else None)
+                                      nan_flags.flag_inputs_native if self.flag_inputs else None,
+                                      nan_flags.inputs_wanted)
 
 
 _runtime = _Runtime(_config.get_config())
@@ -481,12 +482,14 @@ def _flag_inputs(site: KernelSite, call: "tuple | None", seq: int, args: tuple, 
                  extra: "dict | None") -> "int | None":
     """A call's arguments flagged before it runs where SGLANG_KERNEL_API_NAN_FLAGS_INPUTS asks (while a
     graph is captured, by the graph NaN check's captured reductions): what its outputs' flags name."""
+    if not nan_flags.inputs_wanted(site.name):  # before any work: most calls are not asked for
+        return None
     values, keywords, skip = args + tuple(kwargs.values()) if kwargs else args, tuple(kwargs), \
         1 if site.skip_self and args else 0
     if _capturing:
         _graphs.captured_inputs(extra, site.name, values, keywords, skip)
         return None
-    return nan_flags.flag_inputs(call, seq, site.name, values, keywords, skip, extra)
+    return nan_flags.flag_inputs(call, seq, values, keywords, skip, extra)
 
 
 def _wrap_coroutine(func: F, site: KernelSite, attributes: "dict | None") -> F:

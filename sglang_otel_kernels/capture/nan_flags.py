@@ -483,13 +483,11 @@ def inputs_wanted(name: str) -> bool:
     return wanted
 
 
-def flag_inputs(call: "tuple | None", seq: int, name: str, values: tuple, keywords: tuple, skip: int,
+def flag_inputs(call: "tuple | None", seq: int, values: tuple, keywords: tuple, skip: int,
                 extra: "dict | None") -> "int | None":
-    """Before a recorded call of `name` runs (the decorator's): its arguments
-    flagged where SGLANG_KERNEL_API_NAN_FLAGS_INPUTS names it (FlagRing.inputs);
-    what its outputs' `flag` is given."""
-    if not inputs_wanted(name):
-        return None
+    """Before a recorded call runs whose name SGLANG_KERNEL_API_NAN_FLAGS_INPUTS
+    names (`inputs_wanted`, which its caller asked): its arguments flagged
+    (FlagRing.inputs); what its outputs' `flag` is given."""
     try:
         return _the_ring().inputs(call, seq, values, keywords, skip, extra.get(MODULE) if extra else None)
     except Exception as exc:
@@ -499,10 +497,10 @@ def flag_inputs(call: "tuple | None", seq: int, name: str, values: tuple, keywor
 
 def flag_inputs_native(call: Any, seq: int, values: tuple, keywords: "tuple | None", wrapper: Any) -> "int | None":
     """`flag_inputs`, as the compiled core calls it before a call it records
-    runs (`values`: its positional then keyword arguments)."""
+    runs where `inputs_wanted` said so (`values`: its positional then keyword arguments)."""
     site = wrapper._kernel_site
-    return flag_inputs(call, seq, site.name, values, keywords or (), 1 if site.skip_self and
-                       len(values) > len(keywords or ()) else 0, getattr(wrapper, "_kernel_attributes", None))
+    return flag_inputs(call, seq, values, keywords or (), 1 if site.skip_self and len(values) > len(keywords or ())
+                       else 0, getattr(wrapper, "_kernel_attributes", None))
 
 
 def replayed(check: Any, call: tuple) -> "Exception | None":

@@ -79,12 +79,28 @@ static PyObject *recorded_call(Recorded *self, PyObject *const *args, size_t nar
 #define KERNEL_ENDED() ((void)0)
 #endif
 
-/* The NaN flags of a call's arguments queued before it runs (recording.flag_before): what it gives, for
- * flag_after; None when they are off or it failed (said, the call goes on); NULL with KeyboardInterrupt and
- * the like set, which the call meets as if its kernel raised them. */
+/* The NaN flags of a call's arguments queued before it runs (recording.flag_before), where its kernel's
+ * name is one they are asked for (asked once a site and setting): what it gives, for flag_after; None when
+ * they are off or it failed (said, the call goes on); NULL with KeyboardInterrupt and the like set, which
+ * the call meets as if its kernel raised them. */
 static PyObject *flag_inputs(Recorded *self, InFlight *call, unsigned long long seq, PyObject *const *args,
                              size_t nargsf, PyObject *kwnames) {
     if (recording.flag_before == NULL)
+        Py_RETURN_NONE;
+    if (self->inputs_asked_in != recording.nan_setting) {
+        PyObject *wanted = PyObject_CallOneArg(recording.inputs_wanted, self->name);
+        int yes = wanted != NULL ? PyObject_IsTrue(wanted) : -1;
+        Py_XDECREF(wanted);
+        if (yes < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                return NULL;
+            PyErr_WriteUnraisable(self->slow); /* unflagged, asked again next call */
+            Py_RETURN_NONE;
+        }
+        self->inputs_wanted = yes;
+        self->inputs_asked_in = recording.nan_setting;
+    }
+    if (!self->inputs_wanted)
         Py_RETURN_NONE;
     Py_ssize_t count = PyVectorcall_NARGS(nargsf) + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
     PyObject *values = PyTuple_New(count), *number = PyLong_FromUnsignedLongLong(seq), *done = NULL;

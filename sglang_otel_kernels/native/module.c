@@ -9,8 +9,9 @@ static PyMethodDef module_methods[] = {
      "add_described(attributes, path, value), encode): what describing arguments reads."},
     {"set_capturing", set_capturing, METH_O, "How many CUDA graphs are being captured."},
     {"set_nan_flags", set_nan_flags, METH_VARARGS,
-     "set_nan_flags(after, before), each a callable or None: before(call, seq, arguments, keyword names, wrapper) "
-     "before each call this core records runs, after(call, seq, result, wrapper, what before gave) once it returned."},
+     "set_nan_flags(after, before, wanted), each a callable or None: before(call, seq, arguments, keyword names, "
+     "wrapper) before each call this core records runs where wanted(kernel name) (asked once a site) is true, "
+     "after(call, seq, result, wrapper, what before gave) once it returned."},
     {"setup", setup, METH_VARARGS, "The Python objects the core reads (record/recording.py)."},
     {"seed", seed, METH_O, "Seeds the span and trace ids (32 bytes)."},
     {"set_batch", set_batch, METH_VARARGS,

@@ -23,6 +23,10 @@ typedef struct {
      * and their key and value pairs alone (marshal version 2), which a call's described arguments follow. */
     PyObject *attributes, *attribute_pairs;
     int skip_self; /* its KernelSite's: a leading self or cls is not an argument */
+    /* Whether the NaN flags flag its arguments (recording.inputs_wanted's answer), for the setting it was
+     * asked in (recording.nan_setting; 0: not asked). */
+    unsigned long long inputs_asked_in;
+    int inputs_wanted;
     PyObject *dict;
     PyObject *weakrefs;
 } Recorded;

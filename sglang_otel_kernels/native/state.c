@@ -23,9 +23,13 @@ static struct {
     PyObject *parent_of;  /* spans._parent_of */
     PyObject *failed;     /* (site, call, exception) -> None: a call that raised */
     /* The NaN flags (capture/nan_flags.py), or NULL: flag_before (call, seq, arguments, keyword names,
-     * wrapper) -> what flag_after is given last, before a call this core records runs (its inputs' flags);
-     * flag_after (call, seq, result, wrapper, that) -> None after it returned (its outputs'). */
+     * wrapper) -> what flag_after is given last, before a call this core records runs (its inputs' flags)
+     * where inputs_wanted (kernel name) -> bool said so, asked once a site for each nan_setting (a count of
+     * set_nan_flags calls, which the patterns change with); flag_after (call, seq, result, wrapper, that) ->
+     * None after it returned (its outputs'). */
     PyObject *flag_before;
+    PyObject *inputs_wanted;
+    unsigned long long nan_setting;
     PyObject *flag_after;
     PyObject *compiler;   /* torch.compiler's namespace, whose _is_compiling_flag is read, or NULL */
     PyObject *is_compiling; /* else this is called */
@@ -181,15 +185,18 @@ static PyObject *set_runtime(PyObject *module, PyObject *args) {
 }
 
 static PyObject *set_nan_flags(PyObject *module, PyObject *args) {
-    PyObject *after, *before;
-    if (!PyArg_ParseTuple(args, "OO:set_nan_flags", &after, &before))
+    PyObject *after, *before, *wanted;
+    if (!PyArg_ParseTuple(args, "OOO:set_nan_flags", &after, &before, &wanted))
         return NULL;
-    if ((after != Py_None && !PyCallable_Check(after)) || (before != Py_None && !PyCallable_Check(before))) {
-        PyErr_SetString(PyExc_TypeError, "set_nan_flags takes two callables or None");
+    if ((after != Py_None && !PyCallable_Check(after)) || (before != Py_None && !PyCallable_Check(before)) ||
+        (before != Py_None && !PyCallable_Check(wanted))) {
+        PyErr_SetString(PyExc_TypeError, "set_nan_flags takes callables or None (`wanted` with `before`)");
         return NULL;
     }
     Py_XSETREF(recording.flag_after, after == Py_None ? NULL : Py_NewRef(after));
     Py_XSETREF(recording.flag_before, before == Py_None ? NULL : Py_NewRef(before));
+    Py_XSETREF(recording.inputs_wanted, before == Py_None ? NULL : Py_NewRef(wanted));
+    recording.nan_setting++;
     Py_RETURN_NONE;
 }
 
